@@ -1,0 +1,57 @@
+"""Model families: one adapter file each, one registry.
+
+Adding a family means one adapter file exposing an `ENTRY: Family` and one line below; the tests
+parametrised over FAMILIES then cover it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.errors import ModelError
+from engine.models import reference
+from engine.models.base import Arch, Family, Model, Params
+
+FAMILIES: dict[str, Family] = {
+    reference.ENTRY.name: reference.ENTRY,
+}
+
+
+def family_of(path: Path) -> Family:
+    """The family whose checkpoint lies in directory `path`."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"Model path {path} is not a directory.")
+    for fam in FAMILIES.values():
+        if fam.detect(path):
+            return fam
+    raise ModelError(
+        f"Model directory {path} is not a supported family (supported: {', '.join(FAMILIES)})."
+    )
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
+    """Load a model directory of any registered family."""
+    return family_of(Path(path)).load(Path(path), dtype=dtype)
+
+
+def canonical(model: Model) -> Params:
+    return FAMILIES[model.family].to_canonical(model)
+
+
+def set_canonical(model: Model, params: Params) -> None:
+    FAMILIES[model.family].from_canonical(model, params)
+
+
+def save_model(model: Model, path: str | Path) -> None:
+    FAMILIES[model.family].save(model, Path(path))
+
+
+def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
+    return FAMILIES[model.family].logits(model, inputs)
+
+
+__all__ = ["Arch", "FAMILIES", "Family", "Model", "Params", "canonical", "family_of", "load_model",
+           "model_logits", "save_model", "set_canonical"]

@@ -1,0 +1,110 @@
+"""What every model family shares: the architecture summary, the loaded-model handle, the adapter.
+
+Canonical layout
+----------------
+Every adapter converts its native weights, once, to one head-explicit, row-vector (`x @ W`) layout,
+the `Params` dict that symmetry specs, group actions and aligners work on (MATH.md notation):
+
+    embed.tok        [V, D]      token embedding (LM)
+    embed.patch.W    [P, D]      patch embedding, P = C * p * p (ViT); embed.patch.b [D]
+    embed.cls        [D]         class token (ViT)
+    embed.pos        [T, D]      learned position embedding (pe == "learned" only)
+    blocks.{l}.norm1.g [D]       pre-attention norm gain; .norm1.b [D] its bias (LayerNorm)
+    blocks.{l}.attn.W_Q [h, D, d]     blocks.{l}.attn.b_Q [h, d]
+    blocks.{l}.attn.W_K [h_kv, D, d]  blocks.{l}.attn.b_K [h_kv, d]
+    blocks.{l}.attn.W_V [h_kv, D, d]  blocks.{l}.attn.b_V [h_kv, d]
+    blocks.{l}.attn.W_O [h, d, D]     blocks.{l}.attn.b_O [D]
+    blocks.{l}.norm2.g [D]       pre-MLP norm; .norm2.b [D]
+    blocks.{l}.mlp.W_in [D, m]   first layer (the "up" branch for SwiGLU); .b_in [m]
+    blocks.{l}.mlp.W_gate [D, m] SwiGLU gate branch only
+    blocks.{l}.mlp.W_out [m, D]  second layer; .b_out [D]
+    norm_f.g [D], norm_f.b [D]   final norm
+    head.W [D, n_out], head.b [n_out]   unembedding / classifier (absent when tied to embed.tok)
+
+Biases are present exactly when the architecture has them. Conversion is linear, so interpolating
+in native or canonical coordinates is the same path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+Params = dict[str, torch.Tensor]
+
+PE_KINDS = ("none", "learned", "sinusoidal", "rope")
+ROPE_LAYOUTS = ("interleaved", "half")
+NORM_KINDS = ("layernorm", "rmsnorm")
+MLP_KINDS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu")
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Family-independent summary of an architecture: all a symmetry spec needs to know."""
+
+    family: str
+    task: str  # "lm" | "vit"
+    n_layers: int
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_mlp: int
+    n_out: int  # vocabulary size or number of classes
+    n_ctx: int  # positions the model supports (tokens, or patches + class token)
+    pe: str  # PE_KINDS
+    rope_layout: str | None  # ROPE_LAYOUTS when pe == "rope"
+    rotary_dim: int  # dims of each head that RoPE rotates (0 without RoPE)
+    rope_base: float
+    norm: str  # NORM_KINDS
+    norm_bias: bool
+    norm_eps: float
+    mlp: str  # MLP_KINDS
+    attn_bias: bool  # b_Q, b_K, b_V
+    out_bias: bool  # b_O
+    mlp_bias: bool  # b_in, b_out
+    head_bias: bool
+    tied_embeddings: bool
+    causal: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def mismatch(self, other: "Arch") -> str | None:
+        """The first field in which two architectures differ, as a phrase, or None."""
+        for k, v in asdict(self).items():
+            w = getattr(other, k)
+            if v != w:
+                return f"{k} is {v!r} vs {w!r}"
+        return None
+
+
+@dataclass
+class Model:
+    """A loaded model: its family, architecture summary, torch module and native config."""
+
+    family: str
+    arch: Arch
+    module: nn.Module
+    config: dict  # the family's own config, JSON-serialisable
+    name: str = ""  # zoo name or directory, for display and records
+    path: Path | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    """A registry entry: one adapter file provides all of these for its family."""
+
+    name: str
+    display_name: str
+    reference: str  # where the architecture comes from
+    detect: Callable[[Path], bool]  # does this directory hold a checkpoint of this family
+    load: Callable[..., Model]  # load(path, dtype=torch.float32) -> Model
+    save: Callable[[Model, Path], None]
+    to_canonical: Callable[[Model], Params]
+    from_canonical: Callable[[Model, Params], None]  # in place: copies into the module's tensors
+    logits: Callable[[Model, torch.Tensor], torch.Tensor]  # inputs -> [..., n_out]

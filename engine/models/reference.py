@@ -1,0 +1,382 @@
+"""The reference family: a causal LM and a ViT classifier sharing one pre-norm block.
+
+The controlled instrument for comparing positional encodings: `pe` in {none, learned, sinusoidal,
+rope} (RoPE pairing interleaved or half-split, optionally partial), `norm` in {layernorm, rmsnorm},
+`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases. Everything but the chosen options
+is identical across variants. Parameters are stored directly in the canonical head-explicit layout
+(engine/models/base.py), so `to_canonical` is the state dict itself.
+
+Saved as config.json + model.safetensors; a reload is bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.errors import ModelError
+from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Family, Model, Params
+
+FAMILY = "reference"
+
+
+@dataclass(frozen=True)
+class RefConfig:
+    task: str = "lm"  # "lm" | "vit"
+    n_layers: int = 4
+    d_model: int = 128
+    n_heads: int = 4
+    n_kv_heads: int = 0  # 0: same as n_heads
+    d_head: int = 0  # 0: d_model // n_heads
+    d_mlp: int = 512
+    vocab_size: int = 256  # LM only
+    n_ctx: int = 128  # LM context; ViT derives it from the image
+    pe: str = "rope"
+    rope_layout: str = "interleaved"
+    rotary_dim: int = 0  # 0: the whole head
+    rope_base: float = 10000.0
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"
+    bias: bool = False  # attention and MLP biases (and LayerNorm bias when norm == layernorm)
+    head_bias: bool = False
+    tied_embeddings: bool = False  # LM only
+    image_size: int = 8  # ViT only
+    patch_size: int = 2
+    in_chans: int = 1
+    n_classes: int = 10
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ModelError(f"Reference config: {msg}.")
+
+        need(self.task in ("lm", "vit"), f"task must be lm or vit, not {self.task!r}")
+        need(self.pe in PE_KINDS, f"pe must be one of {PE_KINDS}, not {self.pe!r}")
+        need(self.norm in NORM_KINDS, f"norm must be one of {NORM_KINDS}, not {self.norm!r}")
+        need(self.mlp in MLP_KINDS, f"mlp must be one of {MLP_KINDS}, not {self.mlp!r}")
+        need(self.rope_layout in ROPE_LAYOUTS, f"rope_layout must be one of {ROPE_LAYOUTS}")
+        need(self.d_head > 0 or self.d_model % self.n_heads == 0,
+             f"d_model {self.d_model} is not divisible by n_heads {self.n_heads}")
+        need(self.heads % self.kv_heads == 0, f"n_heads {self.heads} is not a multiple of n_kv_heads {self.kv_heads}")
+        need(self.rot_dim % 2 == 0 and self.rot_dim <= self.head_dim,
+             f"rotary_dim {self.rot_dim} must be even and at most d_head {self.head_dim}")
+        need(self.pe != "sinusoidal" or self.d_model % 2 == 0, "sinusoidal PE needs an even d_model")
+        need(self.task == "lm" or self.image_size % self.patch_size == 0,
+             f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
+        need(self.task == "vit" or self.vocab_size >= 1, "vocab_size must be positive")
+
+    heads = property(lambda s: s.n_heads)
+    kv_heads = property(lambda s: s.n_kv_heads or s.n_heads)
+    head_dim = property(lambda s: s.d_head or s.d_model // s.n_heads)
+    rot_dim = property(lambda s: (s.rotary_dim or s.head_dim) if s.pe == "rope" else 0)
+    n_patches = property(lambda s: (s.image_size // s.patch_size) ** 2)
+    seq_len = property(lambda s: s.n_ctx if s.task == "lm" else s.n_patches + 1)
+    n_out = property(lambda s: s.vocab_size if s.task == "lm" else s.n_classes)
+
+    def to_dict(self) -> dict:
+        return {"family": FAMILY, **asdict(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RefConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known - {"family"}
+        if unknown:
+            raise ModelError(f"Reference config has unknown fields {sorted(unknown)}.")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def arch(self) -> Arch:
+        return Arch(
+            family=FAMILY, task=self.task, n_layers=self.n_layers, d_model=self.d_model,
+            n_heads=self.heads, n_kv_heads=self.kv_heads, d_head=self.head_dim, d_mlp=self.d_mlp,
+            n_out=self.n_out, n_ctx=self.seq_len, pe=self.pe,
+            rope_layout=self.rope_layout if self.pe == "rope" else None, rotary_dim=self.rot_dim,
+            rope_base=self.rope_base, norm=self.norm, norm_bias=self.bias and self.norm == "layernorm",
+            norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias, out_bias=self.bias,
+            mlp_bias=self.bias, head_bias=self.head_bias,
+            tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Positional encodings
+
+
+def sinusoidal_table(n_pos: int, d: int, dtype=torch.float32) -> torch.Tensor:
+    """Vaswani et al. (2017): P[t, 2i] = sin(t / 10000^(2i/d)), P[t, 2i+1] = cos(...)."""
+    pos = torch.arange(n_pos, dtype=torch.float64)[:, None]  # [T, 1]
+    inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
+    P = torch.zeros(n_pos, d, dtype=torch.float64)
+    P[:, 0::2] = torch.sin(pos * inv)
+    P[:, 1::2] = torch.cos(pos * inv)
+    return P.to(dtype)  # [T, d]
+
+
+def rope_frequencies(rot_dim: int, base: float) -> torch.Tensor:
+    """omega_j = base^(-2j / r), j < r/2 (RoFormer): distinct, in (0, 1]."""
+    return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)  # [r/2]
+
+
+def rope_pairs(rot_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Indices (first, second) of the coordinates of each frequency pair j (MATH.md section 1)."""
+    j = torch.arange(rot_dim // 2)
+    if layout == "interleaved":
+        return 2 * j, 2 * j + 1  # (2j, 2j+1): RoFormer, GPT-J
+    return j, j + rot_dim // 2  # (j, j + r/2): rotate_half, HF Llama / NeoX
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
+    """Rotate pair j of every position t by angle t * omega_j; x [B, h, T, d], cos/sin [T, r/2]."""
+    r = 2 * cos.shape[-1]
+    i1, i2 = rope_pairs(r, layout)
+    a, b = x[..., i1], x[..., i2]  # [B, h, T, r/2]
+    out = x.clone()
+    out[..., i1] = a * cos - b * sin
+    out[..., i2] = a * sin + b * cos
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules (parameter names are the canonical keys)
+
+
+class Norm(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        self.kind, self.eps = cfg.norm, cfg.norm_eps
+        self.g = nn.Parameter(torch.ones(cfg.d_model))
+        self.b = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.norm == "layernorm" and cfg.bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "layernorm":
+            return F.layer_norm(x, x.shape[-1:], self.g, self.b, self.eps)
+        return F.rms_norm(x, x.shape[-1:], self.g, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        D, h, hkv, d = cfg.d_model, cfg.heads, cfg.kv_heads, cfg.head_dim
+        self.cfg = cfg
+        self.W_Q = nn.Parameter(torch.empty(h, D, d))
+        self.W_K = nn.Parameter(torch.empty(hkv, D, d))
+        self.W_V = nn.Parameter(torch.empty(hkv, D, d))
+        self.W_O = nn.Parameter(torch.empty(h, d, D))
+        if cfg.bias:
+            self.b_Q = nn.Parameter(torch.zeros(h, d))
+            self.b_K = nn.Parameter(torch.zeros(hkv, d))
+            self.b_V = nn.Parameter(torch.zeros(hkv, d))
+            self.b_O = nn.Parameter(torch.zeros(D))
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        cfg = self.cfg
+        q = torch.einsum("btD,hDd->bhtd", x, self.W_Q)  # [B, h, T, d]
+        k = torch.einsum("btD,hDd->bhtd", x, self.W_K)  # [B, h_kv, T, d]
+        v = torch.einsum("btD,hDd->bhtd", x, self.W_V)  # [B, h_kv, T, d]
+        if cfg.bias:
+            q, k, v = q + self.b_Q[:, None], k + self.b_K[:, None], v + self.b_V[:, None]
+        if rope is not None:
+            r = cfg.rot_dim
+            q = torch.cat([apply_rope(q[..., :r], *rope, cfg.rope_layout), q[..., r:]], -1)
+            k = torch.cat([apply_rope(k[..., :r], *rope, cfg.rope_layout), k[..., r:]], -1)
+        if cfg.kv_heads != cfg.heads:  # grouped-query: query head i reads KV group i // (h / h_kv)
+            rep = cfg.heads // cfg.kv_heads
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, h, T, d]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=cfg.task == "lm")  # [B, h, T, d]
+        out = torch.einsum("bhtd,hdD->btD", o, self.W_O)  # [B, T, D]
+        return out + self.b_O if cfg.bias else out
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        D, m = cfg.d_model, cfg.d_mlp
+        self.kind, self.bias = cfg.mlp, cfg.bias
+        self.W_in = nn.Parameter(torch.empty(D, m))
+        if cfg.mlp == "swiglu":
+            self.W_gate = nn.Parameter(torch.empty(D, m))
+        self.W_out = nn.Parameter(torch.empty(m, D))
+        if cfg.bias:
+            self.b_in = nn.Parameter(torch.zeros(m))
+            self.b_out = nn.Parameter(torch.zeros(D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        u = x @ self.W_in + (self.b_in if self.bias else 0)  # [B, T, m]
+        if self.kind == "swiglu":
+            a = F.silu(x @ self.W_gate) * u
+        elif self.kind == "gelu":
+            a = F.gelu(u)
+        elif self.kind == "gelu_tanh":
+            a = F.gelu(u, approximate="tanh")
+        elif self.kind == "relu":
+            a = F.relu(u)
+        else:
+            a = F.silu(u)
+        return a @ self.W_out + (self.b_out if self.bias else 0)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        self.norm1, self.attn = Norm(cfg), Attention(cfg)
+        self.norm2, self.mlp = Norm(cfg), MLP(cfg)
+
+    def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), rope)
+        return x + self.mlp(self.norm2(x))
+
+
+class Embed(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        D = cfg.d_model
+        if cfg.task == "lm":
+            self.tok = nn.Parameter(torch.empty(cfg.vocab_size, D))
+        else:
+            self.patch = nn.ParameterDict({
+                "W": nn.Parameter(torch.empty(cfg.in_chans * cfg.patch_size**2, D)),
+                "b": nn.Parameter(torch.zeros(D)),
+            })
+            self.cls = nn.Parameter(torch.zeros(D))
+        if cfg.pe == "learned":
+            self.pos = nn.Parameter(torch.empty(cfg.seq_len, D))
+
+
+class Head(nn.Module):
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.n_out))
+        if cfg.head_bias:
+            self.b = nn.Parameter(torch.zeros(cfg.n_out))
+
+
+class Transformer(nn.Module):
+    """Reference LM (inputs [B, T] token ids) or ViT (inputs [B, C, H, W] images) -> logits."""
+
+    def __init__(self, cfg: RefConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = Embed(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm_f = Norm(cfg)
+        if not (cfg.task == "lm" and cfg.tied_embeddings):
+            self.head = Head(cfg)
+        if cfg.pe == "sinusoidal":
+            self.register_buffer("pos_sin", sinusoidal_table(cfg.seq_len, cfg.d_model), persistent=False)
+        if cfg.pe == "rope":
+            w = rope_frequencies(cfg.rot_dim, cfg.rope_base)  # [r/2]
+            ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * w  # [T, r/2]
+            self.register_buffer("rope_cos", ang.cos().float(), persistent=False)
+            self.register_buffer("rope_sin", ang.sin().float(), persistent=False)
+        self.reset_parameters(torch.Generator().manual_seed(0))
+
+    def reset_parameters(self, g: torch.Generator) -> None:
+        """GPT-2 style init: N(0, 0.02), residual writers scaled by 1/sqrt(2 n_layers)."""
+        std, std_out = 0.02, 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith((".g",)):
+                    p.fill_(1.0)
+                elif name.split(".")[-1].startswith("b") or name == "embed.cls":
+                    p.zero_()
+                else:
+                    s = std_out if name.endswith(("W_O", "W_out")) else std
+                    p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * s)
+
+    def embed_inputs(self, inputs: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        if cfg.task == "lm":
+            x = self.embed.tok[inputs]  # [B, T, D]
+        else:
+            B, C, H, W = inputs.shape
+            p = cfg.patch_size
+            patches = inputs.reshape(B, C, H // p, p, W // p, p).permute(0, 2, 4, 1, 3, 5)  # [B, H/p, W/p, C, p, p]
+            patches = patches.reshape(B, (H // p) * (W // p), C * p * p)  # [B, N, P]
+            x = patches.to(self.embed.patch["W"].dtype) @ self.embed.patch["W"] + self.embed.patch["b"]  # [B, N, D]
+            x = torch.cat([self.embed.cls.expand(B, 1, -1), x], 1)  # [B, N + 1, D]
+        T = x.shape[1]
+        if cfg.pe == "learned":
+            x = x + self.embed.pos[:T]
+        elif cfg.pe == "sinusoidal":
+            x = x + self.pos_sin[:T].to(x.dtype)
+        return x
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.embed_inputs(inputs)
+        T = x.shape[1]
+        if T > self.cfg.seq_len:
+            raise ModelError(f"Input length {T} exceeds the model's context of {self.cfg.seq_len}.")
+        rope = None
+        if self.cfg.pe == "rope":
+            rope = (self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype))
+        for block in self.blocks:
+            x = block(x, rope)
+        x = self.norm_f(x)
+        if self.cfg.task == "vit":
+            x = x[:, 0]  # [B, D] class token
+        W = self.embed.tok.T if self.cfg.task == "lm" and self.cfg.tied_embeddings else self.head.W
+        logits = x @ W
+        return logits + self.head.b if self.cfg.head_bias else logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Adapter
+
+
+def build(cfg: RefConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Model:
+    module = Transformer(cfg)
+    module.reset_parameters(torch.Generator().manual_seed(seed))
+    module.to(dtype)
+    return Model(FAMILY, cfg.arch(), module, cfg.to_dict())
+
+
+def detect(path: Path) -> bool:
+    cfg = path / "config.json"
+    return cfg.is_file() and json.loads(cfg.read_text()).get("family") == FAMILY
+
+
+def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
+    from engine.models.io import read_config, read_safetensors
+
+    path = Path(path)
+    cfg = RefConfig.from_dict(read_config(path))
+    module = Transformer(cfg)
+    state = read_safetensors(path / "model.safetensors", module.state_dict())
+    module.load_state_dict(state)
+    module.to(dtype)
+    return Model(FAMILY, cfg.arch(), module, cfg.to_dict(), name=path.name, path=path)
+
+
+def save(model: Model, path: Path) -> None:
+    from engine.models.io import write_checkpoint
+
+    write_checkpoint(Path(path), model.config, dict(model.module.state_dict()))
+
+
+def to_canonical(model: Model) -> Params:
+    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+
+
+def from_canonical(model: Model, params: Params) -> None:
+    with torch.no_grad():
+        for k, v in model.module.state_dict().items():
+            v.copy_(params[k])
+
+
+def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
+    return model.module(inputs)
+
+
+ENTRY = Family(
+    name=FAMILY,
+    display_name="Reference Transformer (PE-switchable)",
+    reference="Pre-norm Transformer (GPT-2 / ViT style); RoPE: Su et al. 2021; sinusoidal: Vaswani et al. 2017",
+    detect=detect, load=load, save=save, to_canonical=to_canonical,
+    from_canonical=from_canonical, logits=logits,
+)
