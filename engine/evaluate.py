@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.data import Tokenizer, default_splits, digits_splits, lm_eval_windows, split_text, load_text
+from engine.data import Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
 from engine.errors import DataError
 from engine.models import Model, model_logits
 

@@ -53,5 +53,16 @@ def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     return FAMILIES[model.family].logits(model, inputs)
 
 
-__all__ = ["Arch", "FAMILIES", "Family", "Model", "Params", "canonical", "family_of", "load_model",
-           "model_logits", "save_model", "set_canonical"]
+__all__ = [
+    "FAMILIES",
+    "Arch",
+    "Family",
+    "Model",
+    "Params",
+    "canonical",
+    "family_of",
+    "load_model",
+    "model_logits",
+    "save_model",
+    "set_canonical",
+]

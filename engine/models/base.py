@@ -27,9 +27,9 @@ in native or canonical coordinates is the same path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch import nn
@@ -74,7 +74,7 @@ class Arch:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def mismatch(self, other: "Arch") -> str | None:
+    def mismatch(self, other: Arch) -> str | None:
         """The first field in which two architectures differ, as a phrase, or None."""
         for k, v in asdict(self).items():
             w = getattr(other, k)

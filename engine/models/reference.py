@@ -84,7 +84,7 @@ class RefConfig:
         return {"family": FAMILY, **asdict(self)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "RefConfig":
+    def from_dict(cls, d: dict) -> RefConfig:
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known - {"family"}
         if unknown:

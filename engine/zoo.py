@@ -1,0 +1,112 @@
+"""The built-in model zoo: reference LMs and ViTs, two seeds per positional encoding.
+
+Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`; each holds
+config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
+(assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
+the data hash. `python -m engine zoo build` retrains the lot from these definitions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+from engine.data import ASSETS
+from engine.errors import ModelError
+from engine.models.io import write_json_atomic
+from engine.models.reference import RefConfig
+from engine.train import lm_config, vit_config
+
+ZOO = ASSETS / "zoo"
+LM_PES = ("none", "learned", "sinusoidal", "rope")
+VIT_PES = ("learned", "sinusoidal", "rope")
+SEEDS = (0, 1)
+QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar each model must meet
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    task: str
+    pe: str
+    seed: int
+
+    def config(self) -> RefConfig:
+        return lm_config(self.pe) if self.task == "lm" else vit_config(self.pe)
+
+    @property
+    def path(self) -> Path:
+        return ZOO / self.name
+
+
+ENTRIES: dict[str, ZooEntry] = {
+    e.name: e
+    for e in [ZooEntry(f"lm-{pe}-s{s}", "lm", pe, s) for pe in LM_PES for s in SEEDS]
+    + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
+}
+
+
+def resolve(name_or_path: str | Path) -> Path:
+    """A zoo name or a model directory -> the directory."""
+    s = str(name_or_path)
+    if s in ENTRIES:
+        p = ENTRIES[s].path
+        if not (p / "model.safetensors").is_file():
+            raise ModelError(f"Zoo model {s} is not built yet; run `python -m engine zoo build --only {s}`.")
+        return p
+    p = Path(s)
+    if p.is_dir():
+        return p
+    raise ModelError(f"{s} is neither a zoo model ({', '.join(ENTRIES)}) nor a model directory.")
+
+
+def display_name(name_or_path: str | Path) -> str:
+    s = str(name_or_path)
+    return s if s in ENTRIES else Path(s).name
+
+
+def pairs() -> list[tuple[str, str]]:
+    """Every same-architecture pair in the zoo: same task and positional encoding, different seeds."""
+    out = []
+    for a, b in combinations(ENTRIES.values(), 2):
+        if (a.task, a.pe) == (b.task, b.pe):
+            out.append((a.name, b.name))
+    return out
+
+
+def manifest() -> list[dict]:
+    f = ZOO / "manifest.json"
+    return json.loads(f.read_text())["models"] if f.is_file() else []
+
+
+def write_manifest() -> list[dict]:
+    rows = []
+    for e in ENTRIES.values():
+        m = e.path / "metrics.json"
+        if not m.is_file():
+            continue
+        met = json.loads(m.read_text())
+        key, bar = QUALITY[e.task]
+        rows.append({
+            "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed,
+            "parameters": met["parameters"], "test_loss": met["test_loss"],
+            "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
+            "steps": met["steps"], "train_seconds": met["train_seconds"], "data_sha256": met["data_sha256"],
+        })
+    write_json_atomic(ZOO / "manifest.json", {"models": rows})
+    return rows
+
+
+def build(names: list[str] | None = None, progress: bool = True) -> list[dict]:
+    """Train (or retrain) zoo models into assets/zoo and rewrite the manifest."""
+    from engine.train import train
+
+    for n in names or list(ENTRIES):
+        if n not in ENTRIES:
+            raise ModelError(f"{n} is not a zoo model ({', '.join(ENTRIES)}).")
+        e = ENTRIES[n]
+        train(e.config(), e.seed, out=e.path, progress=progress)
+        write_manifest()
+    return write_manifest()
