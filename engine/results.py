@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,15 @@ from engine.models.io import write_json_atomic
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "cached_results"
 SCHEMA_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """The store in use: $LMC_CACHE_DIR if set, else CACHE.
+
+    Read at call time, not import time, so tests and the app's test server can point the store at
+    a fixture directory without touching the committed one.
+    """
+    return Path(os.environ.get("LMC_CACHE_DIR") or CACHE)
 
 
 @dataclass(frozen=True)
@@ -86,18 +96,20 @@ def load_record(file: Path) -> dict:
 # The cached_results/ store: one file per (pair, method), a manifest listing them.
 
 
-def cache_file(model_a: str, model_b: str, method: str, root: Path = CACHE) -> Path:
-    return Path(root) / f"{model_a}__{model_b}__{method}.json"
+def cache_file(model_a: str, model_b: str, method: str, root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / f"{model_a}__{model_b}__{method}.json"
 
 
-def store(record: dict, root: Path = CACHE) -> Path:
+def store(record: dict, root: Path | None = None) -> Path:
     """Write a record into the store and refresh the manifest."""
+    root = Path(root or cache_dir())
     f = write_record(record, cache_file(record["model_a"], record["model_b"], record["method"], root))
     write_manifest(root)
     return f
 
 
-def write_manifest(root: Path = CACHE) -> None:
+def write_manifest(root: Path | None = None) -> None:
+    root = Path(root or cache_dir())
     rows = []
     for f in sorted(Path(root).glob("*__*__*.json")):
         r = load_record(f)
@@ -109,14 +121,14 @@ def write_manifest(root: Path = CACHE) -> None:
     write_json_atomic(Path(root) / "manifest.json", {"schema": SCHEMA_VERSION, "records": rows})
 
 
-def list_cached(root: Path = CACHE) -> list[dict]:
+def list_cached(root: Path | None = None) -> list[dict]:
     """Manifest rows of every cached record (empty if the store has none)."""
-    m = Path(root) / "manifest.json"
+    m = Path(root or cache_dir()) / "manifest.json"
     if not m.is_file():
         return []
     return json.loads(m.read_text())["records"]
 
 
-def cached_record(model_a: str, model_b: str, method: str, root: Path = CACHE) -> dict | None:
+def cached_record(model_a: str, model_b: str, method: str, root: Path | None = None) -> dict | None:
     f = cache_file(model_a, model_b, method, root)
     return load_record(f) if f.is_file() else None

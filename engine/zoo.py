@@ -9,6 +9,7 @@ the data hash. `python -m engine zoo build` retrains the lot from these definiti
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -26,6 +27,11 @@ SEEDS = (0, 1)
 QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar each model must meet
 
 
+def zoo_dir() -> Path:
+    """The zoo in use: $LMC_ZOO_DIR if set, else ZOO; read at call time so tests can swap in tiny models."""
+    return Path(os.environ.get("LMC_ZOO_DIR") or ZOO)
+
+
 @dataclass(frozen=True)
 class ZooEntry:
     name: str
@@ -38,7 +44,7 @@ class ZooEntry:
 
     @property
     def path(self) -> Path:
-        return ZOO / self.name
+        return zoo_dir() / self.name
 
 
 ENTRIES: dict[str, ZooEntry] = {
@@ -77,7 +83,7 @@ def pairs() -> list[tuple[str, str]]:
 
 
 def manifest() -> list[dict]:
-    f = ZOO / "manifest.json"
+    f = zoo_dir() / "manifest.json"
     return json.loads(f.read_text())["models"] if f.is_file() else []
 
 
@@ -95,7 +101,7 @@ def write_manifest() -> list[dict]:
             "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
             "steps": met["steps"], "train_seconds": met["train_seconds"], "data_sha256": met["data_sha256"],
         })
-    write_json_atomic(ZOO / "manifest.json", {"models": rows})
+    write_json_atomic(zoo_dir() / "manifest.json", {"models": rows})
     return rows
 
 
