@@ -251,7 +251,8 @@ class Embed(nn.Module):
 class Head(nn.Module):
     def __init__(self, cfg: RefConfig):
         super().__init__()
-        self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.n_out))
+        if not (cfg.task == "lm" and cfg.tied_embeddings):
+            self.W = nn.Parameter(torch.empty(cfg.d_model, cfg.n_out))
         if cfg.head_bias:
             self.b = nn.Parameter(torch.zeros(cfg.n_out))
 
@@ -265,8 +266,7 @@ class Transformer(nn.Module):
         self.embed = Embed(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = Norm(cfg)
-        if not (cfg.task == "lm" and cfg.tied_embeddings):
-            self.head = Head(cfg)
+        self.head = Head(cfg)
         if cfg.pe == "sinusoidal":
             self.register_buffer("pos_sin", sinusoidal_table(cfg.seq_len, cfg.d_model), persistent=False)
         if cfg.pe == "rope":
