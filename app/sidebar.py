@@ -1,0 +1,96 @@
+"""The sidebar every page shares: which pair of models, which alignment method.
+
+The entry script draws it once per rerun, before the page runs; pages read the choice with
+`selection()`. Pickers are built from the engine's registries (zoo pairs, aligners), so a new zoo
+entry or method appears here without touching the app.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+from engine import zoo
+
+# Short labels fit the sidebar picker; long ones head the page.
+TASK_LABELS = {"lm": "LM", "vit": "ViT"}
+TASK_TITLES = {"lm": "Byte-level language model (Austen)", "vit": "Vision Transformer (8×8 digits)"}
+PE_LABELS = {"none": "NoPE", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
+PE_TITLES = {"none": "no positional encoding", "learned": "learned positions", "sinusoidal": "sinusoidal positions",
+             "rope": "rotary positions (RoPE)"}
+CUSTOM = "custom"  # the pair picker's entry for two model directories of the user's own
+
+
+@dataclass(frozen=True)
+class Selection:
+    model_a: str  # zoo name or model directory
+    model_b: str
+    method: str
+    task: str | None  # "lm" | "vit"; None for directories (unknown until the engine loads them)
+    title: str
+    custom: bool
+
+
+def methods() -> dict[str, str]:
+    """Method name -> display name, from the engine's aligner registry once it has one.
+
+    Until engine.align exposes METHODS, the engine runs only the plain (unaligned) interpolation.
+    """
+    try:
+        from engine.align import METHODS  # type: ignore[attr-defined]
+    except ImportError:
+        return {"naive": "Naive (no alignment)"}
+    return {name: getattr(m, "display_name", name) for name, m in METHODS.items()}
+
+
+def pair_key(a: str, b: str) -> str:
+    return f"{a}__{b}"
+
+
+def pair_label(a: str, b: str) -> str:
+    """'LM · RoPE · seeds 0, 1' for a zoo pair: short enough for the sidebar."""
+    ea, eb = zoo.ENTRIES[a], zoo.ENTRIES[b]
+    return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]} · seeds {ea.seed}, {eb.seed}"
+
+
+def pair_title(a: str, b: str) -> str:
+    ea = zoo.ENTRIES[a]
+    return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}"
+
+
+def _zoo_pairs() -> dict[str, tuple[str, str]]:
+    return {pair_key(a, b): (a, b) for a, b in zoo.pairs()}
+
+
+def render() -> None:
+    """Draw the shared pickers; their values live in st.session_state under the widget keys."""
+    pairs = _zoo_pairs()
+    with st.sidebar:
+        st.header("Models")
+        key = st.selectbox(
+            "Pair", [*pairs, CUSTOM], key="pair",
+            format_func=lambda k: pair_label(*pairs[k]) if k in pairs else "Two model directories…",
+            help="Two zoo models with the same architecture, trained from different seeds.",
+        )
+        if key == CUSTOM:
+            st.text_input("Model A directory", key="model_a_dir", placeholder="path/to/model_a")
+            st.text_input("Model B directory", key="model_b_dir", placeholder="path/to/model_b")
+        else:
+            a, b = pairs[key]
+            st.caption(f"A: `{a}`  \nB: `{b}`")
+        names = methods()
+        st.selectbox("Alignment method", list(names), key="method", format_func=names.get,
+                     help="How B is aligned onto A before interpolating (used by Run).")
+
+
+def selection() -> Selection:
+    """The pair and method picked in the sidebar (render() must have run in this rerun)."""
+    key = st.session_state.get("pair") or next(iter(_zoo_pairs()))
+    method = st.session_state.get("method") or "naive"
+    if key == CUSTOM:
+        a = (st.session_state.get("model_a_dir") or "").strip()
+        b = (st.session_state.get("model_b_dir") or "").strip()
+        return Selection(a, b, method, None, "Two model directories", custom=True)
+    a, b = _zoo_pairs()[key]
+    return Selection(a, b, method, zoo.ENTRIES[a].task, pair_title(a, b), custom=False)

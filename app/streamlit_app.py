@@ -1,0 +1,26 @@
+"""LMC Explorer: `streamlit run app/streamlit_app.py`.
+
+The entry script runs on every rerun: page config, the shared sidebar, then the chosen page.
+Pages live in app/app_pages/, not app/pages/, because Streamlit would auto-discover the latter as
+a legacy multipage app alongside st.navigation.
+"""
+
+import sys
+from pathlib import Path
+
+import streamlit as st
+
+# `streamlit run` puts only app/ on sys.path; the pages import the `app` and `engine` packages.
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from app import sidebar
+
+st.set_page_config(page_title="LMC Explorer", page_icon=":material/show_chart:", layout="wide")
+
+page = st.navigation([
+    st.Page("app_pages/connectivity.py", title="Connectivity", icon=":material/show_chart:", default=True),
+])
+sidebar.render()
+page.run()

@@ -1,0 +1,191 @@
+"""The Connectivity page under streamlit's AppTest (no browser), recipe in BROWSER_TESTS.md.
+
+Most tests run on the tiny stand-in zoo and store (tiny_zoo.py); one checks the committed
+cached_results/ when they hold a record.
+"""
+
+import base64
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
+
+from app import figures
+from engine import zoo
+from engine.results import CACHE, cached_record, list_cached
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
+TIMEOUT = 60  # generous: the first run imports torch, and the machine's cores may be busy training
+
+
+def decode_plotly(obj):
+    """Undo plotly>=6 typed-array encoding ({'dtype','bdata','shape'}) recursively."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            if "shape" in obj:
+                arr = arr.reshape([int(s) for s in str(obj["shape"]).split(",")])
+            return arr
+        return {k: decode_plotly(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_plotly(v) for v in obj]
+    return obj
+
+
+def chart(at, key: str) -> dict:
+    return decode_plotly(json.loads(at.get_by_key(key).proto.spec))
+
+
+def curves(fig: dict) -> dict[str, list[float]]:
+    """Legend name -> y values of the path curves (chords and barrier bars carry no legend entry)."""
+    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True)}
+
+
+def key(pair) -> str:
+    return f"{pair[0]}__{pair[1]}"
+
+
+def page() -> AppTest:
+    return AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+
+
+def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
+    _, store = tiny_env
+    at = page()
+    assert not at.exception
+    assert at.title[0].value == "Connectivity"
+    assert at.selectbox(key="pair").value == key(zoo.pairs()[0]) == key(CACHED_PAIRS[0])
+    a, b = CACHED_PAIRS[0]
+    naive, weight = cached_record(a, b, "naive", store), cached_record(a, b, "weight", store)
+    got = curves(chart(at, "barrier_chart"))
+    assert got["Naive (no alignment)"] == pytest.approx(naive["loss"], abs=0)
+    assert got["weight"] == pytest.approx(weight["loss"], abs=0)
+    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/byte)"
+    barriers = [m.value for m in at.metric if m.label == "Barrier"]
+    assert barriers == [f"{naive['barrier']:.4f}", f"{weight['barrier']:.4f}"]
+    midpoints = [m.value for m in at.metric if m.label == "Midpoint barrier"]
+    assert midpoints == [f"{naive['midpoint_barrier']:.4f}", f"{weight['midpoint_barrier']:.4f}"]
+    assert any(naive["eval_set"] in c.value for c in at.caption)
+    assert len(at.get("plotly_chart")) == 1  # an LM has no accuracy panel
+
+
+def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
+    _, store = tiny_env
+    at = page()
+    at.selectbox(key="pair").select(key(CACHED_PAIRS[1])).run()
+    assert not at.exception
+    rec = cached_record(*CACHED_PAIRS[1], "naive", store)
+    assert curves(chart(at, "barrier_chart"))["Naive (no alignment)"] == pytest.approx(rec["loss"], abs=0)
+    acc = curves(chart(at, "accuracy_chart"))["Naive (no alignment)"]
+    assert acc == pytest.approx([100 * a for a in rec["accuracy"]])
+    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/image)"
+    assert any(m.label == "Accuracy drop" for m in at.metric)
+    assert at.select_slider(key="eval_items_vit").value is None  # ViT default: the whole test split
+
+
+def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
+    at = page()
+    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    assert not at.exception
+    assert "Nothing is cached" in at.info[0].value
+    assert not at.get("plotly_chart")
+    assert at.select_slider(key="eval_items_lm").value == 8192  # the interactive default
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    assert at.progress[0].value == 100
+    assert at.status[0].label.startswith("Done in")
+    live = at.session_state["live_runs"][UNCACHED_PAIR]["naive"]
+    assert live["eval_tokens"] == 1024 and live["model_a"] == UNCACHED_PAIR[0]
+    assert curves(chart(at, "barrier_chart")) == {"Naive (no alignment), live (1,024 tokens)": pytest.approx(live["loss"], abs=0)}
+    # the result survives reruns (the button is momentary, session_state is not)
+    at.run()
+    assert at.button(key="run").value is False
+    assert curves(chart(at, "barrier_chart"))
+
+
+def test_live_run_is_drawn_beside_the_cached_curves(tiny_env):
+    at = page()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    names = list(curves(chart(at, "barrier_chart")))
+    assert names == ["Naive (no alignment)", "weight", "Naive (no alignment), live (1,024 tokens)"]
+
+
+def test_run_on_an_unbuilt_zoo_shows_the_engines_sentence(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+    at = page()
+    assert "Nothing is cached" in at.info[0].value
+    assert "zoo is not built" in at.info[-1].value
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    assert "is not built yet" in at.error[0].value
+    assert at.status[0].label == "Run failed"
+    assert not at.get("plotly_chart")
+
+
+def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
+    zoo_dir, _ = tiny_env
+    at = page()
+    at.selectbox(key="pair").select("custom").run()
+    assert at.button(key="run").disabled  # nothing to run before both directories are given
+    at.text_input(key="model_a_dir").input("/nonexistent/model").run()
+    at.text_input(key="model_b_dir").input(str(zoo_dir / "lm-rope-s1")).run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    assert "/nonexistent/model is neither a zoo model" in at.error[0].value
+    at.text_input(key="model_a_dir").input(str(zoo_dir / "vit-learned-s0")).run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    assert "differ" in at.error[0].value  # a ViT and an LM cannot be interpolated
+    at.text_input(key="model_a_dir").input(str(zoo_dir / "lm-rope-s0")).run()
+    at.select_slider(key="eval_items_custom").set_value(256).run()
+    at.button(key="run").click().run()
+    assert not at.exception and not at.error
+    assert list(curves(chart(at, "barrier_chart"))) == ["Naive (no alignment), live (256 tokens)"]
+
+
+def test_a_corrupt_cached_record_shows_an_error(tiny_env, monkeypatch, tmp_path):
+    _, store = tiny_env
+    broken = tmp_path / "store"
+    shutil.copytree(store, broken)
+    (broken / f"{key(CACHED_PAIRS[0])}__naive.json").write_text("{not json")
+    monkeypatch.setenv("LMC_CACHE_DIR", str(broken))
+    at = page()
+    assert not at.exception
+    assert "is not valid JSON" in at.error[0].value
+    assert at.button(key="run")  # the page still offers a live run
+
+
+def test_zoo_table_lists_the_manifest(tiny_env):
+    at = page()
+    names = list(at.dataframe[0].value["name"])
+    assert names == [r["name"] for r in zoo.manifest()] and "lm-none-s0" in names
+
+
+@pytest.mark.skipif(not list_cached(CACHE), reason="cached_results/ holds no records yet")
+def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
+    monkeypatch.delenv("LMC_CACHE_DIR", raising=False)
+    monkeypatch.delenv("LMC_ZOO_DIR", raising=False)
+    rows = {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}
+    pair = next(p for p in zoo.pairs() if p in rows)
+    at = page()
+    at.selectbox(key="pair").select(key(pair)).run()
+    assert not at.exception
+    fig = chart(at, "barrier_chart")
+    methods = sorted(r["method"] for r in list_cached(CACHE) if (r["model_a"], r["model_b"]) == pair)
+    drawn = {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True)}
+    assert len(drawn) == len(methods)
+    for m in methods:
+        rec = cached_record(*pair, m, CACHE)
+        assert pytest.approx(rec["loss"], abs=0) in drawn.values()
+        assert f"{rec['barrier']:.4f}" in [x.value for x in at.metric if x.label == "Barrier"]
+    unit = figures.loss_unit(cached_record(*pair, methods[0], CACHE))
+    assert fig["layout"]["yaxis"]["title"]["text"] == f"Test loss ({unit})"

@@ -1,0 +1,126 @@
+"""app.figures is pure: records in, plotly figures out, the traces carry exactly the record's numbers."""
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from app import figures
+
+LAMBDAS = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+
+def lm_record(method="naive", loss=(2.0, 2.3, 2.6, 2.2, 1.9)):
+    chord = [(1 - t) * loss[0] + t * loss[-1] for t in LAMBDAS]
+    excess = [v - c for v, c in zip(loss, chord)]
+    return {
+        "method": method, "model_a": "lm-rope-s0", "model_b": "lm-rope-s1", "lambdas": LAMBDAS,
+        "loss": list(loss), "accuracy": None, "barrier": max(excess), "midpoint_barrier": excess[2],
+        "endpoint_loss_a": loss[0], "endpoint_loss_b": loss[-1], "accuracy_drop": None,
+        "eval_set": "austen/test, 8,192 tokens (bytes), context 128", "eval_tokens": 8192,
+    }
+
+
+def vit_record(method="naive"):
+    loss, acc = [0.2, 0.9, 1.6, 0.8, 0.25], [0.98, 0.7, 0.3, 0.75, 0.97]
+    rec = lm_record(method, loss)
+    rec.pop("eval_tokens")
+    return {**rec, "model_a": "vit-rope-s0", "model_b": "vit-rope-s1", "accuracy": acc, "accuracy_drop": 0.675,
+            "eval_set": "digits/test, 360 images", "eval_images": 360}
+
+
+def traces(fig, suffix=None):
+    """Traces by role: curves carry the legend; chords and barrier bars are named '<curve>: chord|barrier'."""
+    if suffix is None:
+        return [t for t in fig.data if t.showlegend is not False]
+    return [t for t in fig.data if t.name.endswith(f": {suffix}")]
+
+
+def test_barrier_curve_is_the_record():
+    rec = lm_record()
+    fig = figures.barrier_figure([rec])
+    (curve,) = traces(fig)
+    assert list(curve.x) == rec["lambdas"] and list(curve.y) == rec["loss"]
+    (chord,) = traces(fig, "chord")
+    assert list(chord.x) == [0.0, 1.0] and list(chord.y) == [rec["loss"][0], rec["loss"][-1]]
+    assert chord.line.dash == "dash"
+    # the barrier bar stands at the worst grid point and is exactly `barrier` long
+    (bar,) = traces(fig, "barrier")
+    assert list(bar.x) == [0.5, 0.5]
+    assert bar.y[1] == rec["loss"][2] and bar.y[1] - bar.y[0] == pytest.approx(rec["barrier"], abs=1e-12)
+
+
+def test_axis_titles_carry_units():
+    lm = figures.barrier_figure([lm_record()])
+    assert lm.layout.yaxis.title.text == "Test loss (nats/byte)"
+    assert lm.layout.xaxis.title.text.startswith("λ")
+    vit = figures.barrier_figure([vit_record()])
+    assert vit.layout.yaxis.title.text == "Test loss (nats/image)"
+    other = {**lm_record(), "eval_set": "user text/test, 4,096 tokens (gpt2), context 128"}
+    assert figures.loss_unit(other) == "nats/token"
+
+
+def test_every_method_is_overlaid_in_its_own_colour():
+    recs = [lm_record("naive"), lm_record("weight", (2.0, 2.05, 2.1, 2.0, 1.9))]
+    fig = figures.barrier_figure(recs, method_names={"naive": "Naive (no alignment)"})
+    curves = traces(fig)
+    assert [c.name for c in curves] == ["Naive (no alignment)", "weight"]
+    assert [list(c.y) for c in curves] == [r["loss"] for r in recs]
+    assert [c.line.color for c in curves] == [figures.METHOD_COLOURS["naive"], figures.METHOD_COLOURS["weight"]]
+    # chord and barrier bar share the curve's colour and legend group, so the legend toggles all three
+    for c in curves:
+        group = [t for t in fig.data if t.legendgroup == c.legendgroup]
+        assert len(group) == 3 and {t.line.color for t in group} == {c.line.color}
+
+
+def test_unknown_method_colour_is_stable():
+    assert figures.method_colour("my-aligner") == figures.method_colour("my-aligner")
+    assert figures.method_colour("my-aligner") in figures._SPARE
+
+
+def test_live_run_is_drawn_beside_cached_and_told_apart():
+    cached, live = lm_record(), lm_record(loss=(2.1, 2.2, 2.4, 2.1, 2.0))
+    live["eval_tokens"] = 1024
+    fig = figures.barrier_figure([cached], [live])
+    c, v = traces(fig)
+    assert list(v.y) == live["loss"] and v.line.dash == "dot" and c.line.dash == "solid"
+    assert v.name == "naive, live (1,024 tokens)"
+    assert c.line.color == v.line.color  # same method, same colour
+
+
+def test_accuracy_curve_in_percent_and_skips_lms():
+    rec = vit_record()
+    fig = figures.accuracy_figure([rec, lm_record("weight")])
+    (curve,) = traces(fig)
+    assert list(curve.y) == pytest.approx([100 * a for a in rec["accuracy"]])
+    (chord,) = traces(fig, "chord")
+    assert list(chord.y) == pytest.approx([98.0, 97.0])
+    assert fig.layout.yaxis.title.text == "Test accuracy (%)"
+
+
+def test_hover_names_value_and_unit():
+    fig = figures.barrier_figure([lm_record()])
+    (curve,) = traces(fig)
+    assert "nats/byte" in curve.hovertemplate and "vs chord" in curve.hovertemplate
+    (bar,) = traces(fig, "barrier")
+    assert "barrier" in bar.hovertemplate and "λ = 0.50" in bar.hovertemplate
+
+
+def test_figures_serialise_and_empty_input_is_an_empty_figure():
+    json.loads(figures.barrier_figure([lm_record()], [vit_record()]).to_json())
+    assert len(figures.barrier_figure([]).data) == 0
+    assert len(figures.accuracy_figure([lm_record()]).data) == 0
+
+
+def imports(file: Path) -> set[str]:
+    tree = ast.parse(file.read_text())
+    out = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return out | {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+def test_figures_import_no_streamlit_and_the_app_no_torch():
+    assert not imports(Path(figures.__file__)) & {"streamlit", "torch", "engine"}
+    app_dir = Path(figures.__file__).parent
+    # the app stays thin over the engine (DESIGN.md): tensors never reach a page
+    assert [f.name for f in app_dir.rglob("*.py") if "torch" in imports(f)] == []
