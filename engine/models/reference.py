@@ -272,8 +272,10 @@ class Transformer(nn.Module):
         if cfg.pe == "rope":
             w = rope_frequencies(cfg.rot_dim, cfg.rope_base)  # [r/2]
             ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * w  # [T, r/2]
-            self.register_buffer("rope_cos", ang.cos().float(), persistent=False)
-            self.register_buffer("rope_sin", ang.sin().float(), persistent=False)
+            # Kept in float64: `.to(dtype)` rounds them for float32 models, while float64 models get
+            # exact tables (needed to match other RoPE implementations to 1e-10).
+            self.register_buffer("rope_cos", ang.cos(), persistent=False)
+            self.register_buffer("rope_sin", ang.sin(), persistent=False)
         self.reset_parameters(torch.Generator().manual_seed(0))
 
     def reset_parameters(self, g: torch.Generator) -> None:
@@ -346,10 +348,9 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
 
     path = Path(path)
     cfg = RefConfig.from_dict(read_config(path))
-    module = Transformer(cfg)
+    module = Transformer(cfg).to(dtype)  # before loading: a float32 module would round float64 weights
     state = read_safetensors(path / "model.safetensors", module.state_dict())
     module.load_state_dict(state)
-    module.to(dtype)
     return Model(FAMILY, cfg.arch(), module, cfg.to_dict(), name=path.name, path=path)
 
 

@@ -1,0 +1,165 @@
+"""What the adapters of real ecosystems (HF transformers, timm) share.
+
+Head splitting between native projection matrices and the canonical head-explicit layout
+(engine/models/base.py), the in-place copy back into a module's own tensors, and loading/saving
+HF checkpoints with the engine's errors. `transformers` is imported only when a checkpoint is
+actually loaded, so importing the registry stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from safetensors import SafetensorError
+
+from engine.errors import ModelError
+from engine.models.io import check_finite, read_config, refuse_pickles
+
+if TYPE_CHECKING:
+    from torch import nn
+
+
+def fresh(t: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor: canonical params never alias the module's storage."""
+    return t.detach().clone(memory_format=torch.contiguous_format)
+
+
+# ---------------------------------------------------------------------------------------------
+# Head splitting. Native projections are one matrix per role; canonical ones are [heads, ...].
+
+
+def heads_in(W: torch.Tensor, h: int) -> torch.Tensor:
+    """A reader [D, h*d] (x @ W) whose columns run head-major -> [h, D, d]."""
+    D = W.shape[0]
+    return W.reshape(D, h, -1).permute(1, 0, 2)  # [h, D, d]
+
+
+def heads_in_native(W: torch.Tensor) -> torch.Tensor:
+    """Inverse of heads_in: [h, D, d] -> [D, h*d]."""
+    h, D, d = W.shape
+    return W.permute(1, 0, 2).reshape(D, h * d)  # [D, h*d]
+
+
+def heads_out(W: torch.Tensor, h: int) -> torch.Tensor:
+    """A writer [h*d, D] whose rows run head-major -> [h, d, D]."""
+    return W.reshape(h, -1, W.shape[-1])  # [h, d, D]
+
+
+def heads_out_native(W: torch.Tensor) -> torch.Tensor:
+    """Inverse of heads_out: [h, d, D] -> [h*d, D]."""
+    h, d, D = W.shape
+    return W.reshape(h * d, D)  # [h*d, D]
+
+
+def copy_into(module: nn.Module, native: dict[str, torch.Tensor]) -> None:
+    """Copy native-layout tensors into the module's own parameters, in place.
+
+    Interpolation and alignment keep references to the module's tensors, so a conversion back from
+    canonical coordinates must never replace them. Every parameter must be covered, with its exact
+    shape: a silent broadcast would corrupt the model without an error.
+    """
+    params = dict(module.named_parameters())  # tied parameters appear once
+    missing = sorted(set(params) - set(native))
+    unknown = sorted(set(native) - set(params))
+    if missing or unknown:
+        raise ModelError(f"Canonical parameters do not cover the model: missing {missing[:3]}, unknown {unknown[:3]}.")
+    with torch.no_grad():
+        for k, p in params.items():
+            v = native[k]
+            if tuple(v.shape) != tuple(p.shape):
+                raise ModelError(
+                    f"Canonical parameter for {k} has shape {tuple(v.shape)}, the model needs {tuple(p.shape)}."
+                )
+            p.copy_(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# HF transformers checkpoints
+
+
+def hf_model_type(path: Path) -> str | None:
+    """The model_type of an HF checkpoint directory, or None (cheap: reads config.json only)."""
+    try:
+        cfg = read_config(Path(path))
+    except ModelError:
+        return None
+    if "family" in cfg:  # the engine's own formats name their family explicitly
+        return None
+    t = cfg.get("model_type")
+    return t if isinstance(t, str) else None
+
+
+def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
+    """`cls.from_pretrained` from a local directory, safetensors only, refusing anything partial.
+
+    HF fills weights missing from a checkpoint with a fresh random init and only logs a warning;
+    an LMC measurement on such a model would be silently meaningless, so any missing or
+    mismatched key is an error here.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelError(f"Model path {path} is not a directory.")
+    refuse_pickles(path)
+    cfg = read_config(path)
+    if cfg.get("model_type") != model_type:
+        raise ModelError(
+            f"Model directory {path} has model_type {cfg.get('model_type')!r}, not {model_type!r} ({display})."
+        )
+    if not any(path.glob("*.safetensors")):
+        raise ModelError(f"Model directory {path} has no model.safetensors.")
+    try:
+        module, info = cls.from_pretrained(
+            str(path), local_files_only=True, use_safetensors=True, dtype=dtype,
+            attn_implementation="sdpa",  # eager attention in some HF models runs softmax in float32
+            output_loading_info=True,
+        )
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelError(
+            f"Model directory {path} could not be loaded as {display} ({type(e).__name__}: {msg})."
+        ) from None
+    bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "mismatched_keys", "unexpected_keys")}
+    if any(bad.values()):
+        detail = "; ".join(f"{k.replace('_', ' ')} {v[:3]}" for k, v in bad.items() if v)
+        raise ModelError(f"Model directory {path} does not match its config ({detail}).")
+    check_finite(dict(module.state_dict()), f"Model directory {path}")
+    return module.eval()
+
+
+def save_hf(module, path: Path) -> None:
+    """`save_pretrained` (safetensors) into a temporary sibling directory, then swapped in.
+
+    An interrupted save never leaves a half-written checkpoint (the same pattern as
+    engine.models.io.write_checkpoint).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        module.save_pretrained(str(tmp))
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Construct modules under a private RNG state: HF and timm initialise from torch's global one."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield

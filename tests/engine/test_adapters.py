@@ -1,0 +1,335 @@
+"""Model-family adapters: checkpoint round trips, canonical round trips, and the canonical layout
+proved against the reference family (MATH.md notation, engine/models/base.py layout).
+
+All float64, tiny in-process models (2 layers, D 32, 4 heads); nothing is downloaded. Every
+parameter, biases and norm gains included, is randomised so that a layout mistake shows up in
+the logits.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.errors import ModelError
+from engine.models import FAMILIES, family_of, hf_gpt2, hf_llama, load_model, reference, timm_vit
+from engine.models.base import Model
+from engine.models.reference import RefConfig
+
+F64 = torch.float64
+VIT_ARGS = {"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
+            "num_heads": 4, "mlp_ratio": 2.0}
+GPT2_CFG = {"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4, "bos_token_id": 0,
+            "eos_token_id": 0}
+LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
+             "eos_token_id": 0, "rope_theta": 500.0, "rms_norm_eps": 1e-5}
+
+
+def randomise(model: Model, seed: int) -> Model:
+    """Every parameter random (norm gains around 1), so biases and gains are tested too."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.module.named_parameters():
+            gain = name.endswith(("norm1.weight", "norm2.weight", "norm.weight", "ln_1.weight", "ln_2.weight",
+                                  "ln_f.weight", "layernorm.weight", ".g"))
+            p.copy_(torch.randn(p.shape, generator=g, dtype=F64) * 0.2 + (1.0 if gain else 0.0))
+    return model
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    build: Callable[[int], Model]  # seed -> float64 model of the case's config
+    ref: RefConfig | None  # the reference architecture expressing this model exactly
+    task: str = "lm"
+
+
+REF_LM = {"task": "lm", "n_layers": 2, "d_model": 32, "n_heads": 4, "vocab_size": 256, "n_ctx": 16}
+REF_VIT = {"task": "vit", "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "pe": "learned",
+           "norm": "layernorm", "norm_eps": 1e-6, "mlp": "gelu", "bias": True, "head_bias": True, "image_size": 8,
+           "patch_size": 2, "in_chans": 1, "n_classes": 10}
+CASES = {
+    "reference": Case("reference", lambda s: reference.build(
+        RefConfig(**REF_LM, d_mlp=64, pe="rope", rope_layout="half", n_kv_heads=2, mlp="swiglu"), seed=s, dtype=F64),
+        None),
+    "hf_gpt2": Case("hf_gpt2", lambda s: hf_gpt2.build(GPT2_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, d_mlp=128, pe="learned", norm="layernorm", norm_eps=1e-5, mlp="gelu_tanh", bias=True,
+        tied_embeddings=True)),
+    "hf_gpt2_untied": Case("hf_gpt2", lambda s: hf_gpt2.build(
+        {**GPT2_CFG, "tie_word_embeddings": False, "activation_function": "relu", "n_inner": 48,
+         "layer_norm_epsilon": 1e-3}, seed=s, dtype=F64),
+        RefConfig(**REF_LM, d_mlp=48, pe="learned", norm="layernorm", norm_eps=1e-3, mlp="relu", bias=True)),
+    "hf_llama": Case("hf_llama", lambda s: hf_llama.build(LLAMA_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="rmsnorm",
+        norm_eps=1e-5, mlp="swiglu")),
+    # tied, wider heads than D / h, and every bias HF offers (the gate bias is zeroed in the
+    # reference comparison: the reference family has none)
+    "hf_llama_bias_tied": Case("hf_llama", lambda s: hf_llama.build(
+        {**LLAMA_CFG, "tie_word_embeddings": True, "head_dim": 12, "attention_bias": True, "mlp_bias": True},
+        seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
+        norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=True, tied_embeddings=True)),
+    "timm_vit": Case("timm_vit", lambda s: timm_vit.build(VIT_ARGS, seed=s, dtype=F64), RefConfig(**REF_VIT),
+                     task="vit"),
+}
+
+
+def inputs(case: Case) -> torch.Tensor:
+    g = torch.Generator().manual_seed(7)
+    if case.task == "vit":
+        return torch.randn(3, 1, 8, 8, generator=g, dtype=F64)
+    return torch.randint(0, 256, (2, 16), generator=g)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def case(request) -> Case:
+    return CASES[request.param]
+
+
+def test_every_family_has_a_case():
+    assert {c.family for c in CASES.values()} == set(FAMILIES)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) save -> load
+
+
+def test_save_load_round_trip_is_bit_identical(case: Case, tmp_path: Path):
+    fam = FAMILIES[case.family]
+    model = randomise(case.build(0), 1)
+    fam.save(model, tmp_path / "m")
+    assert (tmp_path / "m" / "model.safetensors").is_file()
+    assert family_of(tmp_path / "m").name == case.family
+    back = load_model(tmp_path / "m", dtype=F64)
+    assert back.family == case.family and back.arch == model.arch
+    sa, sb = model.module.state_dict(), back.module.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert sb[k].dtype == F64 and torch.equal(sa[k], sb[k]), k
+    x = inputs(case)
+    with torch.no_grad():
+        assert torch.equal(fam.logits(model, x), fam.logits(back, x))
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) canonical -> native in place
+
+
+def test_canonical_round_trip_into_another_module(case: Case):
+    fam = FAMILIES[case.family]
+    a, b = randomise(case.build(0), 1), randomise(case.build(1), 2)
+    x = inputs(case)
+    with torch.no_grad():
+        la, lb = fam.logits(a, x), fam.logits(b, x)
+        assert rel_err(lb, la) > 1e-2  # genuinely different models to begin with
+        params = fam.to_canonical(a)
+        ptrs = {k: p.data_ptr() for k, p in b.module.named_parameters()}
+        fam.from_canonical(b, params)
+        assert {k: p.data_ptr() for k, p in b.module.named_parameters()} == ptrs  # written in place
+        assert torch.equal(fam.logits(b, x), la)
+        # fresh tensors: editing the canonical dict leaves the model alone
+        for v in params.values():
+            v.zero_()
+        assert torch.equal(fam.logits(a, x), la)
+
+
+def test_canonical_shapes_follow_the_arch(case: Case):
+    model = case.build(0)
+    a, p = model.arch, FAMILIES[case.family].to_canonical(model)
+    D, h, hkv, d, m = a.d_model, a.n_heads, a.n_kv_heads, a.d_head, a.d_mlp
+    for l in range(a.n_layers):
+        assert p[f"blocks.{l}.attn.W_Q"].shape == (h, D, d)
+        assert p[f"blocks.{l}.attn.W_K"].shape == p[f"blocks.{l}.attn.W_V"].shape == (hkv, D, d)
+        assert p[f"blocks.{l}.attn.W_O"].shape == (h, d, D)
+        assert p[f"blocks.{l}.mlp.W_in"].shape == (D, m) and p[f"blocks.{l}.mlp.W_out"].shape == (m, D)
+        assert (f"blocks.{l}.attn.b_Q" in p) == a.attn_bias and (f"blocks.{l}.norm1.b" in p) == a.norm_bias
+        assert (f"blocks.{l}.mlp.W_gate" in p) == (a.mlp == "swiglu")
+    assert ("head.W" in p) == (not a.tied_embeddings)
+    assert ("embed.pos" in p) == (a.pe == "learned")
+    if a.pe == "learned":
+        assert p["embed.pos"].shape == (a.n_ctx, D)
+    assert all(v.is_contiguous() for v in p.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) the canonical layout, proved: a reference Transformer with these params is the same function
+
+
+@pytest.mark.parametrize("name", [n for n, c in CASES.items() if c.ref is not None])
+def test_canonical_params_run_in_the_reference_family(name: str):
+    case = CASES[name]
+    fam = FAMILIES[case.family]
+    model = randomise(case.build(0), 3)
+    if name == "hf_llama_bias_tied":
+        with torch.no_grad():
+            for layer in model.module.model.layers:
+                layer.mlp.gate_proj.bias.zero_()
+    params = fam.to_canonical(model)
+    ref = reference.build(case.ref, dtype=F64)
+    ref_keys = dict(ref.module.state_dict())
+    if name == "hf_llama_bias_tied":
+        params = {k: v for k, v in params.items() if not k.endswith("mlp.b_gate")}
+    assert params.keys() == ref_keys.keys()
+    assert all(params[k].shape == v.shape for k, v in ref_keys.items())
+    reference.from_canonical(ref, params)
+    x = inputs(case)
+    with torch.no_grad():
+        native, via_ref = fam.logits(model, x), reference.logits(ref, x)
+    assert native.shape == via_ref.shape == ((3, 10) if case.task == "vit" else (2, 16, 256))
+    assert rel_err(via_ref, native) < 1e-10
+    # and the adapter's Arch is the reference's Arch, field by field
+    diff = {k for k in model.arch.to_dict() if getattr(model.arch, k) != getattr(ref.arch, k)}
+    assert diff <= {"family", "rope_base"} and ("rope_base" not in diff or model.arch.pe != "rope")
+
+
+def test_stock_hf_llama_is_only_float32_accurate_in_float64():
+    """Why hf_llama swaps in float64-faithful RMSNorm and RoPE (see its module docstring)."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+
+    case = CASES["hf_llama"]
+    model = randomise(case.build(0), 3)
+    ref = reference.build(case.ref, dtype=F64)
+    reference.from_canonical(ref, hf_llama.to_canonical(model))
+    x = inputs(case)
+    for m in model.module.modules():
+        if isinstance(m, LlamaRMSNorm):
+            m.__class__ = LlamaRMSNorm
+        elif isinstance(m, LlamaRotaryEmbedding):
+            m.__class__ = LlamaRotaryEmbedding
+    with torch.no_grad():
+        assert 1e-9 < rel_err(hf_llama.logits(model, x), reference.logits(ref, x)) < 1e-5
+
+
+def test_timm_hub_layout_loads(tmp_path: Path):
+    import timm
+    from timm.models._hub import save_for_hf
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        native = timm.create_model("vit_tiny_patch16_224", pretrained=False, **VIT_ARGS).to(F64).eval()
+    save_for_hf(native, str(tmp_path / "hub"), safe_serialization=True)
+    assert json.loads((tmp_path / "hub" / "config.json").read_text())["architecture"] == "vit_tiny_patch16_224"
+    assert family_of(tmp_path / "hub").name == "timm_vit"
+    model = load_model(tmp_path / "hub", dtype=F64)
+    x = inputs(CASES["timm_vit"])
+    with torch.no_grad():
+        assert torch.equal(timm_vit.logits(model, x), native(x))
+    timm_vit.save(model, tmp_path / "ours")  # re-saved in the engine's format, same function
+    again = load_model(tmp_path / "ours", dtype=F64)
+    with torch.no_grad():
+        assert torch.equal(timm_vit.logits(again, x), native(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) bad input: one ModelError sentence that names the directory
+
+
+BAD_CASES = ["hf_gpt2", "hf_llama", "timm_vit"]
+
+
+@pytest.fixture
+def saved(request, tmp_path: Path) -> tuple[Case, Path]:
+    case = CASES[request.param]
+    path = tmp_path / "ckpt"
+    FAMILIES[case.family].save(case.build(0), path)
+    return case, path
+
+
+def _raises_naming(path: Path, fn: Callable[[], object], *words: str) -> None:
+    with pytest.raises(ModelError) as e:
+        fn()
+    msg = str(e.value)
+    assert str(path) in msg and "\n" not in msg, msg
+    for w in words:
+        assert w in msg, msg
+
+
+@pytest.mark.parametrize("saved", BAD_CASES, indirect=True)
+def test_pickled_only_directory_is_refused(saved):
+    case, path = saved
+    (path / "model.safetensors").unlink()
+    (path / "pytorch_model.bin").write_bytes(b"not loaded: pickles can run code")
+    _raises_naming(path, lambda: FAMILIES[case.family].load(path, dtype=F64), "pytorch_model.bin", "pickle")
+
+
+@pytest.mark.parametrize("saved", BAD_CASES, indirect=True)
+def test_corrupt_safetensors_is_refused(saved):
+    case, path = saved
+    f = path / "model.safetensors"
+    f.write_bytes(f.read_bytes()[:200])
+    _raises_naming(path, lambda: FAMILIES[case.family].load(path, dtype=F64))
+
+
+@pytest.mark.parametrize("saved", BAD_CASES, indirect=True)
+def test_nan_weights_are_refused(saved):
+    case, path = saved
+    f = path / "model.safetensors"
+    state = load_file(str(f))
+    k = max(state)
+    state[k] = state[k].clone()
+    state[k].view(-1)[0] = float("nan")
+    save_file(state, str(f), metadata={"format": "pt"})
+    _raises_naming(path, lambda: FAMILIES[case.family].load(path, dtype=F64), "NaN")
+
+
+@pytest.mark.parametrize("saved", ["hf_gpt2", "hf_llama"], indirect=True)
+def test_unsupported_model_type_is_refused(saved):
+    case, path = saved
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_type"] = "gpt_neox"
+    (path / "config.json").write_text(json.dumps(cfg))
+    _raises_naming(path, lambda: load_model(path), "not a supported family")
+    _raises_naming(path, lambda: FAMILIES[case.family].load(path), "gpt_neox")
+
+
+@pytest.mark.parametrize(("saved", "change", "option"), [
+    ("hf_gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
+    ("hf_gpt2", {"activation_function": "gelu_fast"}, "gelu_fast"),
+    ("hf_llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    ("hf_llama", {"hidden_act": "gelu"}, "hidden_act"),
+], indirect=["saved"])
+def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
+    _, path = saved
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **change}))
+    _raises_naming(path, lambda: load_model(path), option)
+
+
+@pytest.mark.parametrize(("change", "option"), [
+    ({"class_token": False}, "class_token"),
+    ({"global_pool": "avg"}, "global_pool"),
+    ({"init_values": 1e-5}, "init_values"),
+    ({"reg_tokens": 4}, "reg_tokens"),
+    ({"qk_norm": True}, "qk_norm"),
+])
+def test_unsupported_timm_options_are_refused(tmp_path: Path, change: dict, option: str):
+    path = tmp_path / "ckpt"
+    timm_vit.save(timm_vit.build(VIT_ARGS), path)
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["model_args"] |= change
+    (path / "config.json").write_text(json.dumps(cfg))
+    _raises_naming(path, lambda: load_model(path), option)
+    with pytest.raises(ModelError, match=option):
+        timm_vit.build({**VIT_ARGS, **change})
+
+
+def test_unsupported_timm_architecture_defaults_are_refused(tmp_path: Path):
+    """A registered architecture sets options the kwargs never mention: checked on the module."""
+    path = tmp_path / "hub"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(
+        {"architecture": "vit_base_patch14_reg4_dinov2", "num_classes": 10, "model_args": VIT_ARGS}))
+    save_file({}, str(path / "model.safetensors"))
+    assert family_of(path).name == "timm_vit"
+    _raises_naming(path, lambda: load_model(path), "reg_tokens=4")
