@@ -83,16 +83,16 @@ def identity(arch: Arch, dtype: torch.dtype = torch.float64) -> GroupElement:
     return GroupElement(layers, torch.eye(arch.d_model, dtype=dtype))
 
 
-def _orthogonal(n: int, k: int, gen: torch.Generator) -> Tensor:
+def random_orthogonal(n: int, k: int, gen: torch.Generator) -> Tensor:
     """k Haar-random orthogonal n x n matrices: QR of a Gaussian with the sign of diag(R) fixed."""
     Q, R = torch.linalg.qr(torch.randn(k, n, n, generator=gen, dtype=torch.float64))  # [k, n, n]
     return Q * torch.sign(torch.diagonal(R, dim1=-2, dim2=-1))[..., None, :]
 
 
-def _gl(n: int, k: int, gen: torch.Generator) -> Tensor:
+def random_gl(n: int, k: int, gen: torch.Generator) -> Tensor:
     """k well-conditioned random elements of GL(n): U diag(e^u) V, u ~ U(-0.5, 0.5); both det signs."""
     u = (torch.rand(k, n, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD  # [k, n]
-    return _orthogonal(n, k, gen) @ torch.diag_embed(u.exp()) @ _orthogonal(n, k, gen)  # [k, n, n]
+    return random_orthogonal(n, k, gen) @ torch.diag_embed(u.exp()) @ random_orthogonal(n, k, gen)  # [k, n, n]
 
 
 def rope_commutant(z: Tensor, layout: str, d: int) -> Tensor:
@@ -118,13 +118,13 @@ def _sample_qk(arch: Arch, gen: torch.Generator) -> Tensor:
     """A per KV group: GL(d) without RoPE, H(r) x GL(d - r) with it (MATH.md section 1 table)."""
     hkv, d = arch.n_kv_heads, arch.d_head
     if arch.pe != "rope":
-        return _gl(d, hkv, gen)
+        return random_gl(d, hkv, gen)
     r = arch.rotary_dim
     mod = ((torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD).exp()  # [h_kv, r/2]
     phase = (torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pi  # [h_kv, r/2]
     A = rope_commutant(torch.polar(mod, phase), arch.rope_layout, d)  # [h_kv, d, d]
     if r < d:
-        A[:, r:, r:] = _gl(d - r, hkv, gen)
+        A[:, r:, r:] = random_gl(d - r, hkv, gen)
     return A
 
 
@@ -162,7 +162,7 @@ def sample(arch: Arch, kinds: Iterable[str] = KINDS, seed: int = 0, dtype: torch
     for el in base.layers:
         head_perm = _sample_head_perm(h, hkv, gen) if "heads" in kinds else el.head_perm
         qk = _sample_qk(arch, gen) if "qk" in kinds else el.qk
-        vo = _gl(arch.d_head, hkv, gen) if "vo" in kinds else el.vo
+        vo = random_gl(arch.d_head, hkv, gen) if "vo" in kinds else el.vo
         mlp_perm = torch.randperm(m, generator=gen) if "mlp" in kinds else el.mlp_perm
         scale = el.mlp_scale
         if "mlp_scale" in kinds and arch.mlp in ("relu", "swiglu"):
@@ -172,7 +172,7 @@ def sample(arch: Arch, kinds: Iterable[str] = KINDS, seed: int = 0, dtype: torch
         layers.append(LayerElement(head_perm, qk.to(dtype), vo.to(dtype), mlp_perm, scale.to(dtype)))
     residual = base.residual
     if "residual_orth" in kinds:
-        residual = _orthogonal(arch.d_model, 1, gen)[0]
+        residual = random_orthogonal(arch.d_model, 1, gen)[0]
     elif "residual_perm" in kinds:
         residual = torch.eye(arch.d_model, dtype=torch.float64)[torch.randperm(arch.d_model, generator=gen)]
     return GroupElement(tuple(layers), residual.to(dtype))
@@ -410,7 +410,8 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
     LayerNorm(x) = RMSNorm(x) with the same eps; the gain is folded into the readers (diag(g) W) and
     the bias beta into the readers' biases (b_W <- b_W + beta W), which are created, zero, where the
     model had none. All gains become 1. Tied embeddings are untied unless the final norm has gain 1
-    and bias 0 (then C E^T serves as the unembedding, since the readers only see centred vectors).
+    (then C E^T serves as the unembedding, since the readers only see centred vectors, and beta E^T
+    goes into the head bias).
     Fixed sinusoidal PE cannot be centred (it is not a parameter), so such a model is refused, as is a
     SwiGLU model with a LayerNorm bias (its gate branch has no bias to absorb beta).
     """
@@ -429,9 +430,9 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
                         "to absorb it.")
     bias = arch.attn_bias or arch.out_bias or arch.mlp_bias or arch.norm_bias
     g_f, b_f = params["norm_f.g"], beta["norm_f"]
-    keep_tied = arch.tied_embeddings and bool((g_f == 1).all()) and (b_f is None or not bool((b_f != 0).any()))
+    keep_tied = arch.tied_embeddings and bool((g_f == 1).all())
     untie = arch.tied_embeddings and not keep_tied
-    head_bias = arch.head_bias or (b_f is not None and not keep_tied)
+    head_bias = arch.head_bias or b_f is not None
     if untie:
         p["head.W"] = params["embed.tok"].T.clone()  # [D, V] before centring: the reader sees E^T
     if bias:  # the reference family has all of these biases or none; absent ones are zero
@@ -449,11 +450,11 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
     for name, layer in _norms(arch):
         g, b = params[f"{name}.g"], beta[name]
         for W, bW, eq in _readers(arch, name.split(".")[-1], layer):
-            if W not in p:
-                continue  # tied and kept tied: the unembedding is the centred embedding itself
+            tied = W not in p  # kept tied: the unembedding is the centred embedding itself (gain 1)
             if b is not None and bW is not None:
-                p[bW] = p[bW] + torch.einsum(eq, b, p[W])
-            p[W] = _fold_gain(p[W], g)
+                p[bW] = p[bW] + torch.einsum(eq, b, params["embed.tok"].T if tied else p[W])
+            if not tied:
+                p[W] = _fold_gain(p[W], g)
         p[f"{name}.g"] = torch.ones_like(g)
         p.pop(f"{name}.b", None)
 
