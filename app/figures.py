@@ -24,6 +24,7 @@ _SPARE = ("#72B7B2", "#EECA3B", "#9D755D", "#FF9DA6", "#BAB0AC")
 
 LAMBDA_AXIS = "λ  (0 = model A, 1 = model B)"
 LAMBDA_TICKS = [0, 0.25, 0.5, 0.75, 1]
+BAR_DODGE = 0.008  # λ units between the barrier bars of successive curves
 
 
 def method_colour(method: str) -> str:
@@ -96,13 +97,16 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
     fig = go.Figure()
     every = [(r, False) for r in records] + [(r, True) for r in live]
     unit = loss_unit(every[0][0]) if every else "nats"
-    for r, is_live in every:
+    for k, (r, is_live) in enumerate(every):
         name = curve_name(r, method_names, is_live)
         fig.add_traces(_curve_traces(r, list(r["loss"]), name, f"loss %{{y:.4f}} {unit}", is_live))
         lam_b, loss_b, chord_b = barrier_point(r)
         colour = method_colour(r["method"])
+        # Methods share their endpoints, so their chords coincide and bars at the same λ would hide
+        # each other: later bars are nudged right by a hair (the hover still gives the exact λ).
+        x_bar = lam_b + BAR_DODGE * k
         fig.add_trace(go.Scatter(
-            x=[lam_b, lam_b], y=[chord_b, loss_b], name=f"{name}: barrier", legendgroup=_group(r, is_live),
+            x=[x_bar, x_bar], y=[chord_b, loss_b], name=f"{name}: barrier", legendgroup=_group(r, is_live),
             showlegend=False, mode="lines+markers", line={"color": colour, "width": 4},
             marker={"symbol": "line-ew", "size": 14, "line": {"width": 2, "color": colour}},
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 
 from app import sidebar
 
-st.set_page_config(page_title="LMC Explorer", page_icon=":material/show_chart:", layout="wide")
+st.set_page_config(page_title="LMC Explorer", page_icon="📈", layout="wide")
 
 page = st.navigation([
     st.Page("app_pages/connectivity.py", title="Connectivity", icon=":material/show_chart:", default=True),

@@ -68,6 +68,8 @@ def test_every_method_is_overlaid_in_its_own_colour():
     assert [c.name for c in curves] == ["Naive (no alignment)", "weight"]
     assert [list(c.y) for c in curves] == [r["loss"] for r in recs]
     assert [c.line.color for c in curves] == [figures.METHOD_COLOURS["naive"], figures.METHOD_COLOURS["weight"]]
+    # bars at the same λ are dodged apart so neither hides the other
+    assert [list(b.x) for b in traces(fig, "barrier")] == [[0.5, 0.5], [0.5 + figures.BAR_DODGE] * 2]
     # chord and barrier bar share the curve's colour and legend group, so the legend toggles all three
     for c in curves:
         group = [t for t in fig.data if t.legendgroup == c.legendgroup]

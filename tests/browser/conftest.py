@@ -1,0 +1,111 @@
+"""Real-browser fixtures (recipe: BROWSER_TESTS.md): one streamlit server per session on a free
+127.0.0.1 port, and Debian's Chromium driven by Playwright (never `playwright install`)."""
+
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = ROOT / "app" / "streamlit_app.py"
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",  # tests run as root
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # closed network: no Google lookups
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _store_env(tmp_path_factory) -> dict[str, str]:
+    """Serve the committed cached_results/ when they hold the page's first pair; otherwise (zoo still
+    training, fresh clone without results) a tiny stand-in zoo and store, so the test still sees a curve."""
+    from engine import zoo
+    from engine.results import CACHE, list_cached
+
+    if tuple(zoo.pairs()[0]) in {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}:
+        return {"LMC_CACHE_DIR": str(CACHE), "LMC_ZOO_DIR": str(zoo.ZOO)}
+    spec = importlib.util.spec_from_file_location("tiny_zoo", ROOT / "tests" / "app" / "tiny_zoo.py")
+    tiny = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny)
+    zoo_dir = tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
+    store = tmp_path_factory.mktemp("cached_results")
+    tiny.build_store(zoo_dir, store)
+    return {"LMC_CACHE_DIR": str(store), "LMC_ZOO_DIR": str(zoo_dir)}
+
+
+@pytest.fixture(scope="session")
+def streamlit_url(tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
+    env = {**os.environ, **_store_env(tmp_path_factory)}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(APP),
+             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
+             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: we stop exactly what we started
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited early:\n{log_path.read_text()}")
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as r:
+                if r.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise RuntimeError(f"streamlit not healthy in 60 s:\n{log_path.read_text()}")
+        time.sleep(0.2)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    pw_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} missing: apt-get install -y chromium")
+    with pw_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, streamlit_url):
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1100})
+    pg = ctx.new_page()
+    pg.set_default_timeout(30_000)
+    local = ("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:")
+    pg.external_requests = []  # the app must work offline: every request stays on 127.0.0.1
+    pg.on("request", lambda r: None if r.url.startswith(local) else pg.external_requests.append(r.url))
+    yield pg
+    ctx.close()

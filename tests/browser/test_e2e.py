@@ -1,0 +1,32 @@
+"""The app in a real browser: the Connectivity page draws its barrier curve without an exception box."""
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
+EXC = '[data-testid="stException"]'
+SHOTS = Path(__file__).resolve().parents[2] / "screenshots"  # git-ignored
+
+
+def wait_idle(page):
+    """Until Streamlit's 'Running...' indicator is gone: the script run has finished."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
+
+
+def test_connectivity_page_draws_the_barrier_curve(page, streamlit_url):
+    page.goto(streamlit_url)
+    page.wait_for_selector('h1:has-text("Connectivity")')
+    # Plotly.js has drawn real SVG paths, not just an empty chart container
+    page.wait_for_selector(CHART + " .scatterlayer .trace path")
+    wait_idle(page)
+    assert page.locator(EXC).count() == 0
+    assert page.locator('[data-testid="stMetric"]').count() >= 2
+    assert page.locator(CHART + " .ytitle").first.text_content().startswith("Test loss (nats/")
+    assert page.get_by_role("button", name="Run").is_enabled()
+    assert page.external_requests == []
+    SHOTS.mkdir(exist_ok=True)
+    page.locator('[data-testid="stPlotlyChart"]').first.screenshot(path=str(SHOTS / "connectivity_barrier.png"))
+    page.screenshot(path=str(SHOTS / "connectivity_page.png"))
