@@ -30,8 +30,8 @@ def cached_records(model_a: str, model_b: str, store: str, stamp: int) -> list[d
     """Every cached record of the pair, one per method; `stamp` (manifest mtime) renews it after a rebuild."""
     rows = [r for r in list_cached(store) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
     recs = [cached_record(model_a, model_b, r["method"], store) for r in rows]
-    order = list(sidebar.methods())
-    return sorted((r for r in recs if r), key=lambda r: (order.index(r["method"]) if r["method"] in order else len(order), r["method"]))
+    order = {m: i for i, m in enumerate(sidebar.methods())}  # registry order: naive first, then aligners
+    return sorted((r for r in recs if r), key=lambda r: (order.get(r["method"], len(order)), r["method"]))
 
 
 def load_cached(sel: sidebar.Selection) -> list[dict]:
