@@ -41,7 +41,10 @@ def methods() -> dict[str, str]:
         from engine.align import METHODS  # type: ignore[attr-defined]
     except ImportError:
         return {"naive": "Naive (no alignment)"}
-    return {name: getattr(m, "display_name", name) for name, m in METHODS.items()}
+    def display(name: str, m) -> str:
+        return m.get("display_name", name) if isinstance(m, dict) else getattr(m, "display_name", name)
+
+    return {name: display(name, m) for name, m in METHODS.items()}
 
 
 def pair_key(a: str, b: str) -> str:
