@@ -237,7 +237,10 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
         out.append(("qk_gl", f"GL({d}) on Q/K of a RoPE model", arch,
                     act(_with_layers(e, qk=lambda i: random_gl(d, hkv, gen))), ""))
         other = "half" if arch.rope_layout == "interleaved" else "interleaved"
-        if set(zip(*map(list, rope_pairs(r, other)))) != set(zip(*map(list, rope_pairs(r, arch.rope_layout)))):
+        def pairs(layout: str) -> set[tuple[int, int]]:
+            return set(zip(*(ix.tolist() for ix in rope_pairs(r, layout))))
+
+        if pairs(other) != pairs(arch.rope_layout):  # r = 2: both layouts pair (0, 1), nothing to break
             def wrong(i: int) -> Tensor:
                 mod = ((torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()
                 ph = (torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pi
@@ -413,7 +416,8 @@ def rope_breaking(arch: Arch, n_ctx: int | None = None, model: Model | None = No
     A traceless symmetric generator X on pair j (the part of gl(2) outside the commutant) is conjugated
     by R(omega n) into a copy rotated by 2 omega n, so ||[X, R(omega n)]||_F = 2 |sin(omega n)| ||X||_F.
     `strength` = max over relative offsets n < T of |sin(omega_j n)| (and its RMS over n): about
-    omega_j T when omega_j T << 1, so slow pairs are almost GL(2)-symmetric over a short context. With `model`, `measured` is the relative logit change of A = exp(eps X) on pair j
+    omega_j T when omega_j T << 1, so slow pairs are almost GL(2)-symmetric over a short context.
+    With `model`, `measured` is the relative logit change of A = exp(eps X) on pair j
     in every KV group of every layer.
     """
     if arch.pe != "rope":
@@ -428,7 +432,7 @@ def rope_breaking(arch: Arch, n_ctx: int | None = None, model: Model | None = No
     if model is not None:
         m64 = float64_copy(model)
         theta = canonical(m64)
-        x = example_inputs(m64)
+        x = example_inputs(m64, n_tokens=T)
         f = _evaluator(m64, m64.arch, x)
         y0 = f(theta)
         i1, i2 = rope_pairs(r, arch.rope_layout)

@@ -96,7 +96,8 @@ class Spec:
         a = self.arch
         d, r = a.d_head, a.rotary_dim
         if kind == "heads":
-            return f"S_{a.n_heads} head permutation" + (" (KV groups to KV groups)" if a.n_kv_heads != a.n_heads else "")
+            gqa = " (KV groups to KV groups)" if a.n_kv_heads != a.n_heads else ""
+            return f"S_{a.n_heads} head permutation{gqa}"
         if kind == "mlp":
             return f"S_{a.d_mlp} neuron permutation" + (" (gate and up tied)" if a.mlp == "swiglu" else "")
         if kind == "mlp_scale":
@@ -146,7 +147,11 @@ def check_arch(arch: Arch) -> None:
 # Building a spec
 
 
-def _expected(arch: Arch, params: Params) -> dict[str, tuple[tuple[int | None, ...], tuple[tuple[AxisAction, ...], ...]]]:
+Shape = tuple[int | None, ...]
+Axes = tuple[tuple[AxisAction, ...], ...]
+
+
+def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
     """key -> (shape, actions per axis); None in a shape is a size the Arch does not fix."""
     D, h, hkv, d, m = arch.d_model, arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_mlp
     rep = h // hkv

@@ -219,7 +219,8 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
     arch, tol = spec.arch, 1e-9
     for i, el in enumerate(g.layers):
         if not _is_perm(el.head_perm, arch.n_heads) or not _is_perm(el.mlp_perm, arch.d_mlp):
-            raise SpecError(f"Layer {i} of the group element has a head or neuron permutation that is not a permutation.")
+            raise SpecError(f"Layer {i} of the group element has a head or neuron permutation that is not "
+                            "a permutation.")
         for name in ("qk", "vo"):
             M = getattr(el, name)
             if not bool(torch.isfinite(torch.linalg.cond(M)).all()) or float(torch.linalg.cond(M).max()) > 1e12:
@@ -250,9 +251,10 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
 
 def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
     """x <- x M along `axis`; M [s, s], or a stack [n, s, s] indexed by by_axis // per."""
+    M = M.to(x.device)
     if by_axis is None:
         return (x.movedim(axis, -1) @ M).movedim(-1, axis)
-    Ms = M[torch.arange(x.shape[by_axis]) // per]  # [size(by_axis), s, s]
+    Ms = M[torch.arange(x.shape[by_axis], device=x.device) // per]  # [size(by_axis), s, s]
     y = x.movedim((by_axis, axis), (0, -1))  # [size(by_axis), ..., s]
     y = torch.einsum("i...s,ist->i...t", y, Ms)  # [size(by_axis), ..., s]
     return y.movedim((0, -1), (by_axis, axis))
@@ -261,7 +263,7 @@ def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Te
 def _along(v: Tensor, x: Tensor, axis: int) -> Tensor:
     shape = [1] * x.dim()
     shape[axis] = -1
-    return v.reshape(shape)  # broadcastable along `axis`
+    return v.to(x.device).reshape(shape)  # broadcastable along `axis`
 
 
 def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> Params:
@@ -306,7 +308,8 @@ def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> P
                 elif a.role == "inv_scale":
                     x = x / _along(mats[a.group]["scale"], x, axis)
                 elif a.role == "norm" and O_perm:
-                    x = (x.movedim(axis, -1) @ O).movedim(-1, axis)  # gains and LN biases follow a permutation
+                    # gains and LayerNorm biases follow a residual permutation
+                    x = (x.movedim(axis, -1) @ O.to(x.device)).movedim(-1, axis)
                 # a folded gain (all ones) is invariant under rotations; strict mode checked it is folded
         out[key] = x.to(x0.dtype)
     return out
@@ -436,15 +439,17 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
     if untie:
         p["head.W"] = params["embed.tok"].T.clone()  # [D, V] before centring: the reader sees E^T
     if bias:  # the reference family has all of these biases or none; absent ones are zero
-        dt = params["embed.tok" if arch.task == "lm" else "embed.patch.W"].dtype
+        ref = params["norm_f.g"]
+        dt, dev = ref.dtype, ref.device
         h, hkv, d, m = arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_mlp
         for i in range(arch.n_layers):
             b = f"blocks.{i}"
             for k, shape in ((f"{b}.attn.b_Q", (h, d)), (f"{b}.attn.b_K", (hkv, d)), (f"{b}.attn.b_V", (hkv, d)),
                              (f"{b}.attn.b_O", (D,)), (f"{b}.mlp.b_in", (m,)), (f"{b}.mlp.b_out", (D,))):
-                p.setdefault(k, torch.zeros(shape, dtype=dt))
+                p.setdefault(k, torch.zeros(shape, dtype=dt, device=dev))
     if head_bias:
-        p.setdefault("head.b", torch.zeros(arch.n_out, dtype=params["norm_f.g"].dtype))
+        g_f = params["norm_f.g"]
+        p.setdefault("head.b", torch.zeros(arch.n_out, dtype=g_f.dtype, device=g_f.device))
 
     # readers: gain into the weight, beta into the bias (using the weight before the gain)
     for name, layer in _norms(arch):
@@ -486,7 +491,8 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         raise SpecError("The reference family has all attention, MLP and LayerNorm biases or none; "
                         f"this {a.family} architecture mixes them.")
     if a.causal != (a.task == "lm"):
-        raise SpecError(f"The reference family's {a.task} is {'' if a.task == 'lm' else 'not '}causal, unlike this model.")
+        raise SpecError(f"The reference family's {a.task} is {'' if a.task == 'lm' else 'not '}causal, "
+                        "unlike this model.")
     kw: dict = {
         "task": a.task, "n_layers": a.n_layers, "d_model": a.d_model, "n_heads": a.n_heads,
         "n_kv_heads": a.n_kv_heads, "d_head": a.d_head, "d_mlp": a.d_mlp, "pe": a.pe,
@@ -504,7 +510,8 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
             patch_size = image_size // n_side
         if patch_size is None or in_chans is None:
             if patch_dim is None:
-                raise SpecError("A ViT's image geometry is not in its Arch; give in_chans and patch_size, or patch_dim.")
+                raise SpecError("A ViT's image geometry is not in its Arch; give in_chans and patch_size, "
+                                "or patch_dim.")
             for c in ([in_chans] if in_chans else [3, 1]):
                 p = round((patch_dim / c) ** 0.5)
                 if c * p * p == patch_dim and (patch_size is None or p == patch_size):

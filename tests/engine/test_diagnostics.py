@@ -1,0 +1,191 @@
+"""Symmetry diagnostics: invariance rows, break tests (the converse), group dimensions by formula and by
+Jacobian nullity, config-only dimensions of GPT-2-small and Llama-2-7B, RoPE breaking, sinusoidal spectrum."""
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from engine.diagnostics import (
+    arch_from_config,
+    break_tests,
+    format_report,
+    group_dimension,
+    invariance_checks,
+    jacobian_nullity,
+    rope_breaking,
+    sinusoidal_spectrum,
+    symmetry_report,
+)
+from engine.models import save_model
+from engine.models.reference import RefConfig, build
+
+
+def tiny(task="lm", **kw) -> RefConfig:
+    base = {"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, "vocab_size": 40,
+            "image_size": 8,
+                "patch_size": 2}
+    return RefConfig(**{**base, **kw})
+
+
+def random_model(cfg: RefConfig, seed: int = 0, std: float = 0.3):
+    """Float64 model with O(1) activations, non-unit gains and nonzero biases."""
+    m = build(cfg, dtype=torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for k, p in m.module.named_parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
+            p.copy_(1 + 0.3 * noise if k.endswith(".g") else std * noise)
+    return m
+
+
+def rows(report_rows):
+    return {r["group"]: r for r in report_rows}
+
+
+@pytest.mark.parametrize("kw", [
+    {"pe": "rope", "rotary_dim": 4, "mlp": "relu", "n_kv_heads": 2},
+    {"pe": "learned", "norm": "layernorm", "bias": True},
+    {"task": "vit", "pe": "learned", "norm": "layernorm", "bias": True, "head_bias": True},
+    {"pe": "none", "mlp": "swiglu", "bias": True},
+], ids=["rope-partial-relu-gqa", "learned-layernorm", "vit-learned", "nope-swiglu-bias"])
+def test_invariance_checks_are_exact_for_every_kind_and_translation(kw):
+    m = random_model(tiny(**kw))
+    checks = rows(invariance_checks(m, k=2))
+    assert {"heads", "mlp", "qk", "vo", "residual_perm", "residual_orth"} <= set(checks)
+    for r in checks.values():
+        assert r["exact"] and r["max_rel_change"] < 1e-10, r
+    if kw.get("bias"):
+        assert {"value_bias_fold", "key_bias_shift"} <= set(checks)
+    if kw.get("pe") == "learned":
+        assert "pe_shift" in checks
+
+
+def test_sinusoidal_residual_maps_are_reported_approximate_and_qk_stays_exact():
+    m = random_model(tiny(pe="sinusoidal"))
+    checks = rows(invariance_checks(m, k=2))
+    for kind in ("residual_orth", "residual_perm"):
+        assert checks[kind]["exact"] is False and checks[kind]["max_rel_change"] > 1e-3
+        assert "approximate" in checks[kind]["note"]
+    assert checks["qk"]["exact"] and checks["qk"]["max_rel_change"] < 1e-10
+    assert "GL(8)" in checks["qk"]["kind"]
+
+
+@pytest.mark.parametrize("kw", [
+    {"pe": "rope"}, {"pe": "rope", "rope_layout": "half", "rotary_dim": 4, "n_kv_heads": 2, "mlp": "swiglu"},
+    {"pe": "rope", "norm": "layernorm", "bias": True, "mlp": "relu"}, {"pe": "none", "mlp": "silu"},
+    {"task": "vit", "pe": "rope", "rope_layout": "half"},
+], ids=["rope", "rope-half-partial-gqa-swiglu", "rope-layernorm-relu", "nope-silu", "vit-rope-half"])
+def test_every_break_transform_changes_the_output(kw):
+    m = random_model(tiny(**kw))
+    breaks = rows(break_tests(m))
+    if m.arch.pe == "rope":
+        assert {"qk_gl", "qk_other_layout", "qk_orthogonal"} <= set(breaks)
+    if m.arch.n_kv_heads < m.arch.n_heads:
+        assert "heads_across_kv_groups" in breaks
+    assert "residual_gl" in breaks and len(breaks) >= 2
+    for r in breaks.values():
+        assert r["exact"] is False and r["max_rel_change"] >= 1e-3, r
+
+
+def test_the_other_pairing_is_no_break_when_it_pairs_the_same_coordinates():
+    m = random_model(tiny(pe="rope", rotary_dim=2))  # one pair: (0, 1) in both layouts
+    assert "qk_other_layout" not in rows(break_tests(m))
+
+
+JACOBIAN = [
+    {"pe": "none"}, {"pe": "learned"}, {"pe": "rope"}, {"pe": "rope", "rotary_dim": 2, "rope_layout": "half"},
+    {"pe": "none", "mlp": "relu"}, {"pe": "rope", "n_kv_heads": 1},
+    {"pe": "learned", "mlp": "swiglu", "bias": True}, {"pe": "sinusoidal", "n_ctx": 4},
+]
+
+
+@pytest.mark.parametrize("kw", JACOBIAN, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_jacobian_nullity_equals_the_formula(kw):
+    base = {"n_layers": 1, "d_model": 8, "n_heads": 2, "d_mlp": 8, "vocab_size": 20, "n_ctx": 6, "norm_eps": 1e-2}
+    m = random_model(RefConfig(**{**base, **kw}), std=0.5)
+    r = jacobian_nullity(m)
+    assert r["nullity"] == r["formula"], r
+    assert r["gap"] > 1e6  # a clean spectral gap, not a tolerance accident
+
+
+def test_dimension_formulas_for_gpt2_small_and_llama2_7b_from_config_dicts():
+    gpt2 = {"model_type": "gpt2", "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+            "vocab_size": 50257, "activation_function": "gelu_new"}
+    d = group_dimension(arch_from_config(gpt2))
+    assert d["per_layer"][0]["attention"] == 99_840  # 12 (64^2 + 64^2) + key bias 768 + value bias 768
+    assert d["by_kind"]["residual_orth"] == 768 * 767 // 2 and d["by_kind"]["mlp_scale"] == 0
+    llama = {"model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32,
+             "num_hidden_layers": 32, "intermediate_size": 11008, "vocab_size": 32000,
+             "max_position_embeddings": 4096, "hidden_act": "silu"}
+    d = group_dimension(arch_from_config(llama))
+    assert d["per_layer"][0]["attention"] == 528_384  # 32 (128 + 128^2)
+    assert d["per_layer"][0]["mlp"] == 11008  # SwiGLU up-branch scaling
+    assert d["total"] == 32 * (528_384 + 11008) + 4096 * 4095 // 2
+    gqa = group_dimension(arch_from_config({**llama, "num_key_value_heads": 8}))
+    assert gqa["per_layer"][0]["attention"] == 8 * (128 + 128**2)
+
+
+def test_report_from_a_config_path_alone(tmp_path):
+    cfg = tiny(pe="learned", mlp="relu", bias=True)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+    rep = symmetry_report(tmp_path, dims_only=True)
+    assert rep["dims_only"] and rep["checks"] == [] and rep["breaks"] == []
+    assert rep["group_dim"] == symmetry_report(tmp_path / "config.json")["group_dim"]
+    D, h, d = 32, 4, 8
+    assert rep["group_dim"]["per_layer"][0]["attention"] == 2 * h * d * d + 2 * h * d
+    assert rep["group_dim"]["by_kind"]["pe_shift"] == D and "mlp_scale" in rep["kinds"]
+    assert "dimensions from the config only" in format_report(rep)
+
+
+def test_report_of_a_saved_model_is_json_with_checks_breaks_and_dims(tmp_path):
+    m = random_model(tiny(pe="rope", rotary_dim=4, norm="layernorm", bias=True))
+    save_model(m, tmp_path / "m")
+    rep = json.loads(json.dumps(symmetry_report(tmp_path / "m", k=1)))
+    assert not rep["dims_only"] and rep["kinds"][0] == "heads"
+    for r in rep["checks"]:
+        assert set(r) >= {"group", "kind", "max_rel_change", "exact"} and r["max_rel_change"] < 1e-10
+    assert all(r["max_rel_change"] >= 1e-3 for r in rep["breaks"])
+    assert rep["group_dim"]["total"] == sum(rep["group_dim"]["by_kind"].values())
+    assert len(rep["rope"]) == 2
+    text = format_report(rep)
+    assert "invariance check" in text and "break test" in text and "qk_other_layout" in text
+
+
+def test_other_families_pass_the_same_checks():
+    from engine.models import hf_gpt2, hf_llama, timm_vit
+
+    models = [
+        hf_gpt2.build({"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 16, "vocab_size": 40}, seed=1),
+        hf_llama.build({"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                        "intermediate_size": 48, "vocab_size": 40, "max_position_embeddings": 16}, seed=1),
+        timm_vit.build({"img_size": 8, "patch_size": 4, "in_chans": 3, "embed_dim": 32, "depth": 2, "num_heads": 4,
+                        "num_classes": 5}, seed=1),
+    ]
+    for m in models:
+        checks = rows(invariance_checks(m, k=1))
+        assert "residual_orth" in checks, m.family
+        for r in checks.values():
+            assert r["max_rel_change"] < 1e-10, (m.family, r)
+        assert all(r["max_rel_change"] > 0 for r in break_tests(m)), m.family
+
+
+def test_rope_breaking_grows_with_omega_times_context():
+    arch = tiny(pe="rope", d_model=64, n_heads=2, n_ctx=64).arch()
+    r = rope_breaking(arch)
+    assert len(r) == 16 and r[0]["strength"] > 0.99
+    s = [x["strength"] for x in r if x["omega"] * 63 <= torch.pi / 2]
+    assert len(s) > 4 and all(a > b for a, b in itertools.pairwise(s))  # below a quarter turn, slower pairs break less
+    slow = r[-1]
+    assert slow["omega_ctx"] < 0.1 and abs(slow["strength"] - slow["omega"] * 63) < 1e-3  # ~ omega (T - 1)
+    m = random_model(tiny(pe="rope", n_ctx=16))
+    measured = [x["measured"] for x in rope_breaking(m.arch, model=m)]
+    assert all(v > 0 for v in measured)
+    assert rope_breaking(tiny(pe="learned").arch()) == []
+
+
+def test_sinusoidal_table_is_badly_conditioned():
+    sp = sinusoidal_spectrum(128, 128)
+    assert sp["n_below_rtol"] > 0 and sp["numerical_rank"] < 128 and sp["condition"] > 1e6
+    assert sp["singular_values"] == sorted(sp["singular_values"], reverse=True)
