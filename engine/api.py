@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for
-from engine.interpolate import Progress, check_same_architecture, interpolate
-from engine.models import Model, load_model
+from engine.interpolate import LinearPath, Progress, check_same_architecture, interpolate
+from engine.models import Model, load_model, save_model
 from engine.results import RunConfig, make_record, store
 from engine.zoo import display_name, pairs, resolve
 
@@ -23,18 +24,37 @@ def load_named(name_or_path: str, dtype: str = "float32", device: str = "cpu") -
     return m
 
 
-def run_pair(cfg: RunConfig, progress: Progress | None = None) -> dict:
-    """Load both models, align B onto A with cfg.method, interpolate, return the result record."""
+def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str | Path | None = None,
+             alpha: float = 0.5) -> dict:
+    """Load both models, align B onto A with cfg.method, interpolate, return the result record.
+
+    Every method goes through the aligner registry (engine/align); the record then carries the
+    alignment diagnostics and the endpoint exactness check. `save_merged` writes the model at
+    (1 - alpha) theta_A + alpha g.theta_B in its family's own format.
+    """
+    from engine.align import METHODS
+    from engine.align.run import align, alignment_record, endpoint_check
+
     t0 = time.perf_counter()
     a = load_named(cfg.model_a, cfg.dtype, cfg.device)
     b = load_named(cfg.model_b, cfg.dtype, cfg.device)
     check_same_architecture(a, b)
     t_load = time.perf_counter() - t0
-    if cfg.method != "naive":
-        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: naive.")
+    if cfg.method not in METHODS:
+        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed)
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)
-    path = interpolate(a, b, es, cfg.points, progress=progress)
-    return make_record(cfg, path, {"load": t_load}, arch=a.arch.to_dict())
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress)
+    t1 = time.perf_counter()
+    check = endpoint_check(b, al, es, path["endpoint_loss_b"])
+    timings = {"load": t_load, "align": al.seconds, "endpoint_check": time.perf_counter() - t1}
+    extra = {}
+    if save_merged is not None:
+        merged = LinearPath(al.model_a, al.model_b).at(alpha)
+        save_model(merged, save_merged)
+        extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family}
+    return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment_record(al),
+                       endpoint_check=check, **extra)
 
 
 def build_cache(methods: list[str] | None = None, eval_items: int | None = None,
@@ -42,7 +62,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = None,
     """Precompute a record for every same-architecture zoo pair x method into cached_results/."""
     from tqdm import tqdm
 
-    methods = methods or ["naive"]
+    methods = methods or ["naive"]  # learned / dual use their registry's fixed budget (engine/align)
     todo = [(a, b, m) for a, b in (only or pairs()) for m in methods]
     out = []
     for a, b, m in tqdm(todo, desc="cache"):

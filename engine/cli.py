@@ -93,6 +93,26 @@ def cmd_interpolate(args) -> None:
         print(f"wrote {args.out}")
 
 
+def cmd_align(args) -> None:
+    from engine.api import run_pair
+    from engine.results import write_record
+
+    rec = run_pair(_run_config(args, args.method), progress=_progress_bar(args.method),
+                   save_merged=args.save_merged, alpha=args.alpha)
+    _print_path_table(rec)
+    al, chk = rec["alignment"], rec["endpoint_check"]
+    print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
+          f"endpoint check: loss {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})"
+          + (f", approximate: {', '.join(chk['approximate_classes'])}" if chk["approximate_classes"] else ""))
+    if "identity" in al["diagnostics"]:
+        print(f"dual/one-sided identity: max relative error {al['diagnostics']['identity']['max_relative_error']:.1e}")
+    if args.save_merged:
+        print(f"saved merged model (alpha {args.alpha}) to {args.save_merged}")
+    if args.out:
+        write_record(rec, Path(args.out))
+        print(f"wrote {args.out}")
+
+
 def cmd_cache(args) -> None:
     from engine.api import build_cache
 
@@ -142,6 +162,20 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("interpolate", help="loss barrier of the naive linear path between two models")
     _add_path_args(p)
     p.set_defaults(fn=cmd_interpolate)
+
+    from engine.align import METHODS
+    from engine.align.common import CLASSES
+
+    p = sub.add_parser("align", help="align model B onto model A, then measure the loss barrier")
+    _add_path_args(p)
+    p.add_argument("--method", default="weight", choices=list(METHODS))
+    p.add_argument("--classes", nargs="+", choices=list(CLASSES), default=None,
+                   help="symmetry classes to use (default: every exact class of the model)")
+    p.add_argument("--steps", type=int, default=0, help="learned / dual optimisation steps (0: the method's default)")
+    p.add_argument("--seed", type=int, default=0, help="data order and lambda samples of data-driven methods")
+    p.add_argument("--save-merged", default=None, metavar="DIR", help="save the interpolated model here")
+    p.add_argument("--alpha", type=float, default=0.5, help="position of the saved model on the path (0 = A, 1 = B)")
+    p.set_defaults(fn=cmd_align)
 
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
     p.add_argument("action", choices=["build"])

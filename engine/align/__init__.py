@@ -1,0 +1,49 @@
+"""Aligners: one file each, one registry (DESIGN.md). Each moves model B onto model A.
+
+    naive       no alignment (the baseline)
+    weight      data-free coordinate descent on ||theta_A - g.theta_B||^2
+    activation  the same assignments from activation statistics over a data batch
+    learned     one-sided straight-through optimisation of the midpoint task loss
+    dual        both sides learn toward the shared path
+
+Every method can be restricted to a subset of symmetry classes (common.CLASSES); `run.align`
+prepares the pair, runs a method and checks exactness; `engine.api.run_pair` turns the result into
+a record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.align.activation import align_activations
+from engine.align.common import CLASSES, AlignContext, AlignOutput
+from engine.align.dual import align_dual
+from engine.align.learned import DEFAULT_STEPS, align_learned
+from engine.align.naive import align_naive
+from engine.align.weight import align_weights
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    display_name: str
+    reference: str
+    fn: Callable[[AlignContext], AlignOutput]
+    uses_data: bool  # reads training data (activation statistics or task-loss gradients)
+    default_steps: int = 0  # optimisation budget when a run asks for 0 steps
+
+
+METHODS: dict[str, Method] = {m.name: m for m in [
+    Method("naive", "Naive (no alignment)", "Frankle et al. 2020, linear mode connectivity", align_naive, False),
+    Method("weight", "Weight matching", "Ainsworth et al. 2023 (Git Re-Basin), extended to heads, "
+           "within-head maps and the residual stream (MATH.md section 4)", align_weights, False),
+    Method("activation", "Activation matching", "Ainsworth et al. 2023 (Git Re-Basin); Singh & Jaggi 2020",
+           align_activations, True),
+    Method("learned", "Learned matching (one-sided)", "Ainsworth et al. 2023 (Git Re-Basin), straight-through "
+           "estimator", align_learned, True, DEFAULT_STEPS),
+    Method("dual", "Dual learned matching", "MATH.md section 4: both endpoints learn toward the shared path",
+           align_dual, True, DEFAULT_STEPS),
+]}
+
+__all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method"]

@@ -1,0 +1,207 @@
+"""Activation matching: the weight-matching assignments, scored on activations over a data batch
+(MATH.md section 4; Ainsworth et al. 2023, "Git Re-Basin", activation matching).
+
+Both models see the same training batch. Everything used is invariant to the transforms it is not
+solving for, so one pass suffices (no coordinate descent):
+
+    residual   Omega from the residual stream at every block boundary: Procrustes on X_B^T X_A
+               (rotation), or an assignment on the cross-correlation (permutation)
+    heads      sigma on ||pattern_i^A - pattern_j^B||^2 + ||z_i^A - z_j^B Omega||^2: attention
+               patterns are invariant to A_i, head outputs z_i = softmax(..) V_i W_O^i to B_i
+    qk         A per KV group from the query / key activations (before RoPE), the same GL / RoPE
+               problem as weight matching with activations as rows
+    vo         B per KV group: the GL problem with value activations (moving by B) and W_O^T (moving
+               by B^{-T}), each side scaled to unit norm
+    mlp        pi on the correlation of hidden activations (after the nonlinearity); with mlp_scale
+               |correlation| for SwiGLU (its up branch may flip sign), then s_j by least squares
+
+Activations come from the reference-family twin (common.twin), hooked at each block's attention
+and MLP inputs (the normalised residual stream); q, k, v, patterns and hidden units are then
+computed from the canonical parameters in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from engine.align.common import (
+    F64,
+    RESIDUAL,
+    AlignContext,
+    AlignOutput,
+    Pair,
+    check_twin,
+    tick,
+    to_f64,
+    train_batches,
+    twin,
+)
+from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
+from engine.align.weight import fit_qk
+from engine.models.base import Arch, Params
+from engine.models.reference import apply_rope
+from engine.symmetry import GroupElement, LayerElement
+
+ACT_BATCH = {"lm": 16, "vit": 256}  # sequences of up to 128 tokens / images
+
+
+@torch.no_grad()
+def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
+    """Residual stream at each block input and before the final norm, and each block's normalised
+    attention / MLP inputs, from one forward pass of a reference-family module."""
+    net = model.module
+    out: dict[str, list[Tensor]] = {"resid": [], "x_attn": [], "x_mlp": []}
+    hooks = []
+    for blk in net.blocks:
+        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to(F64))))
+        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to(F64))))
+        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to(F64))))
+    hooks.append(net.norm_f.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to(F64))))
+    try:
+        x = inputs.to(next(net.parameters()).dtype) if inputs.is_floating_point() else inputs
+        net(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict[str, Tensor]:
+    """q, k (before RoPE), v [B, n, T, d], patterns [B, h, T, T], head outputs z [h, B*T, D]."""
+    b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
+    proj = {}
+    for r in "QKV":
+        y = torch.einsum("btD,hDd->bhtd", x, p[f"{b}.W_{r}"])  # [B, n, T, d]
+        if f"{b}.b_{r}" in p:
+            y = y + p[f"{b}.b_{r}"][:, None]
+        proj[r] = y
+    q, k = proj["Q"], proj["K"]
+    if arch.pe == "rope":
+        T, r = x.shape[1], arch.rotary_dim
+        cs = (model.module.rope_cos[:T].to(F64), model.module.rope_sin[:T].to(F64))
+        q = torch.cat([apply_rope(q[..., :r], *cs, arch.rope_layout), q[..., r:]], -1)
+        k = torch.cat([apply_rope(k[..., :r], *cs, arch.rope_layout), k[..., r:]], -1)
+    k, v = k.repeat_interleave(rep, 1), proj["V"].repeat_interleave(rep, 1)  # [B, h, T, d]
+    s = q @ k.mT / math.sqrt(arch.d_head)  # [B, h, T, T]
+    if arch.causal:
+        T = s.shape[-1]
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    att = s.softmax(-1)  # [B, h, T, T]
+    o = att @ v  # [B, h, T, d]
+    z = torch.einsum("bhtd,hdD->hbtD", o, p[f"{b}.W_O"]).flatten(1, 2)  # [h, B*T, D]
+    return {"q": proj["Q"], "k": proj["K"], "v": proj["V"], "pattern": att, "z": z}
+
+
+def hidden(arch: Arch, p: Params, layer: int, x: Tensor) -> Tensor:
+    """Post-nonlinearity hidden activations [B*T, m] of block `layer`'s MLP."""
+    b = f"blocks.{layer}.mlp"
+    u = x @ p[f"{b}.W_in"] + p.get(f"{b}.b_in", 0)  # [B, T, m]
+    if arch.mlp == "swiglu":
+        a = F.silu(x @ p[f"{b}.W_gate"]) * u
+    elif arch.mlp == "gelu":
+        a = F.gelu(u)
+    elif arch.mlp == "gelu_tanh":
+        a = F.gelu(u, approximate="tanh")
+    elif arch.mlp == "relu":
+        a = F.relu(u)
+    else:
+        a = F.silu(u)
+    return a.flatten(0, 1)  # [B*T, m]
+
+
+def correlation(X: Tensor, Y: Tensor) -> Tensor:
+    """Pearson correlation of the columns of X [N, n] with those of Y [N, n] -> [n, n]."""
+    X = X - X.mean(0)
+    Y = Y - Y.mean(0)
+    X = X / X.norm(dim=0).clamp_min(1e-30)
+    Y = Y / Y.norm(dim=0).clamp_min(1e-30)
+    return X.T @ Y  # [n, n]
+
+
+def _rows_per_head(t: Tensor) -> Tensor:
+    """[B, n, T, d] -> [n, B*T, d]: one row stack per head."""
+    return t.permute(1, 0, 2, 3).flatten(1, 2)  # [n, B*T, d]
+
+
+def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_structure: str | None = None
+                     ) -> tuple[GroupElement, dict]:
+    arch, spec = pair.arch, pair.spec
+    pa, pb = to_f64(pair.params_a), to_f64(pair.params_b)
+    ta, tb = twin(pair.model_a), twin(pair.model_b)
+    check_twin(pair.model_a, ta, inputs)
+    check_twin(pair.model_b, tb, inputs)
+    acts_a, acts_b = capture(ta, inputs), capture(tb, inputs)
+    structure = qk_structure or spec.groups["blocks.0.qk"].structure
+    rep, D = arch.n_heads // arch.n_kv_heads, arch.d_model
+
+    # residual stream first: everything below is invariant to it, except the head outputs z
+    O = torch.eye(D, dtype=F64)
+    if set(RESIDUAL) & kinds:
+        Xa = torch.cat([x.flatten(0, 1) for x in acts_a["resid"]])  # [N*(L+1), D]
+        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]])
+        if "residual_perm" in kinds:
+            O = residual_perm_matrix(assignment(correlation(Xa, Xb)))
+        else:
+            O = procrustes(Xb.T @ Xa)
+
+    layers, corr = [], []
+    for layer in range(arch.n_layers):
+        at_a = attention_parts(arch, ta, pa, layer, acts_a["x_attn"][layer])
+        at_b = attention_parts(arch, tb, pb, layer, acts_b["x_attn"][layer])
+        hp = torch.arange(arch.n_heads)
+        if "heads" in kinds:
+            Pa, Pb = at_a["pattern"].transpose(0, 1).flatten(1), at_b["pattern"].transpose(0, 1).flatten(1)  # [h, *]
+            Za, Zb = at_a["z"].flatten(1), (at_b["z"] @ O).flatten(1)  # [h, B*T*D]
+            cost = _norm_sqdist(Pa, Pb) + _norm_sqdist(Za, Zb)  # [h, h]
+            hp = gqa_assignment(-cost, rep)
+        kv = hp[::rep] // rep
+        A = B = torch.eye(arch.d_head, dtype=F64).repeat(arch.n_kv_heads, 1, 1)  # [h_kv, d, d]
+        if "qk" in kinds:
+            Qa = _rows_per_head(at_a["q"]).reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*B*T, d]
+            Qb = _rows_per_head(at_b["q"])[hp].reshape(arch.n_kv_heads, -1, arch.d_head)
+            Ka, Kb = _rows_per_head(at_a["k"]), _rows_per_head(at_b["k"])[kv]  # [h_kv, B*T, d]
+            A = fit_qk(arch, structure, Qa, Qb, Ka, Kb)
+        if "vo" in kinds:
+            # value activations move by B; W_O^T by B^{-T}. Least squares on v alone shrinks B where
+            # the models disagree and blows up B^{-1} W_O, so keep both sides, each at unit norm.
+            Va, Vb = _rows_per_head(at_a["v"]), _rows_per_head(at_b["v"])[kv]  # [h_kv, B*T, d]
+            Oa = pa[f"blocks.{layer}.attn.W_O"].mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*D, d]
+            Ob = (pb[f"blocks.{layer}.attn.W_O"][hp] @ O).mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # in A's frame
+            nv = Va.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)  # [h_kv, 1, 1]
+            no = Oa.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)
+            B = fit_gl(Va / nv, Vb / nv, Oa / no, Ob / no)
+        ha = hidden(arch, pa, layer, acts_a["x_mlp"][layer])  # [N, m]
+        hb = hidden(arch, pb, layer, acts_b["x_mlp"][layer])
+        mp = torch.arange(arch.d_mlp)
+        c = correlation(ha, hb)  # [m, m]
+        if "mlp" in kinds:
+            signed = "mlp_scale" in kinds and arch.mlp == "swiglu"
+            mp = assignment(c.abs() if signed else c)
+        corr.append(float(c[torch.arange(arch.d_mlp), mp].mean()))
+        s = torch.ones(arch.d_mlp, dtype=F64)
+        if "mlp_scale" in kinds:  # h_A ~ s h_B: least squares per neuron
+            hbp = hb[:, mp]
+            s = (ha * hbp).sum(0) / hbp.square().sum(0).clamp_min(1e-30)
+            bad = (s <= 0) if arch.mlp == "relu" else (s == 0)
+            s = torch.where(bad, torch.ones_like(s), s)
+        layers.append(LayerElement(hp, A, B, mp, s))
+    return GroupElement(tuple(layers), O), {"mlp_matched_correlation": corr, "tokens": int(acts_a["resid"][0].shape[:2].numel())}
+
+
+def _norm_sqdist(X: Tensor, Y: Tensor) -> Tensor:
+    """||X_i - Y_j||^2 / mean(||X||^2 + ||Y||^2): two cost terms of different units on one scale."""
+    d = X.square().sum(1)[:, None] + Y.square().sum(1)[None] - 2 * X @ Y.T  # [n, n]
+    return d / (X.square().sum(1).mean() + Y.square().sum(1).mean()).clamp_min(1e-30)
+
+
+def align_activations(ctx: AlignContext) -> AlignOutput:
+    """Activation matching over ctx.classes on one training batch (registry entry `activation`)."""
+    t = tick()
+    arch = ctx.pair.arch
+    x, _ = next(train_batches(arch, ACT_BATCH[arch.task], ctx.seed))
+    g, info = activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure)
+    return AlignOutput(g, info | {"seconds": t()})

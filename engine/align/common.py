@@ -1,0 +1,298 @@
+"""What every aligner shares: the classes it may use, the prepared pair, data, and diagnostics.
+
+An aligner moves model B onto model A: it returns a group element g with g.theta_B close to
+theta_A (MATH.md section 4), and the path is then theta_A -> g.theta_B. Residual rotations need the
+norms out of the way (MATH.md section 3), so `prepare_pair` folds RMSNorm gains into the readers, or
+rewrites LayerNorm as RMSNorm, in BOTH models before any aligner runs; each endpoint still computes
+its original function, but interpolation then happens in the folded coordinates (the gains
+interpolate inside the readers), which is the path the rotation group acts on.
+
+Classes a user may restrict an aligner to are the spec's KINDS; the default is every kind the
+architecture has that is an exact symmetry, with the residual stream as a rotation when the norms
+can be folded within the model's own family (RMSNorm) and as a permutation otherwise (LayerNorm).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from engine.errors import LMCError, SpecError
+from engine.interpolate import Progress
+from engine.models import Model, canonical, model_logits, set_canonical
+from engine.models.base import Arch, Params
+from engine.spec import KINDS, Spec, build_spec
+from engine.symmetry import GroupElement, fold_norms, identity, layernorm_to_rmsnorm, reference_config_from_arch
+
+F64 = torch.float64
+CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
+RESIDUAL = ("residual_perm", "residual_orth")
+
+
+# ---------------------------------------------------------------------------------------------
+# Classes
+
+
+def default_classes(spec: Spec) -> frozenset[str]:
+    """Every exact kind of the architecture; the residual stream rotated where RMSNorm allows it."""
+    kinds = set(spec.kinds) - set(spec.approximate)
+    if spec.arch.norm == "rmsnorm":
+        kinds.discard("residual_perm")  # O(D) contains the permutations
+    else:
+        kinds.discard("residual_orth")  # would rewrite the model out of its family (layernorm_to_rmsnorm)
+    return frozenset(kinds)
+
+
+def resolve_classes(spec: Spec, classes: tuple[str, ...] | list[str] | None) -> frozenset[str]:
+    """The classes an aligner will use: the default for () or None, else exactly those asked for."""
+    if not classes:
+        return default_classes(spec)
+    asked = frozenset(classes)
+    unknown = sorted(asked - set(CLASSES))
+    if unknown:
+        raise LMCError(f"Unknown symmetry class {unknown[0]!r}; choose from {', '.join(CLASSES)}.")
+    if set(RESIDUAL) <= asked:
+        raise LMCError("Choose one residual class, residual_perm or residual_orth (the rotations contain the "
+                       "permutations).")
+    absent = sorted(asked - set(spec.kinds))
+    if absent:
+        raise LMCError(f"Symmetry class {absent[0]!r} is not a symmetry of this {spec.arch.mlp} / {spec.arch.pe} "
+                       f"model (its classes: {', '.join(spec.kinds)}).")
+    return asked
+
+
+# ---------------------------------------------------------------------------------------------
+# The prepared pair
+
+
+@dataclass
+class Pair:
+    """Two same-architecture models in the coordinates the chosen classes act on."""
+
+    arch: Arch
+    spec: Spec
+    params_a: Params
+    params_b: Params
+    model_a: Model  # computes params_a: the original model, or a folded copy / reference twin
+    model_b: Model
+    rewrite: str  # "", "fold_norms" or "layernorm_to_rmsnorm"
+
+
+def _patch_dim(params: Params) -> int | None:
+    return params["embed.patch.W"].shape[0] if "embed.patch.W" in params else None
+
+
+def model_for(template: Model, arch: Arch, params: Params) -> Model:
+    """A model computing `params`: a copy of `template` when the arch is unchanged, else a
+    reference-family twin (fold_norms may untie embeddings; layernorm_to_rmsnorm always changes family)."""
+    from engine.models.reference import Transformer
+
+    if arch == template.arch:
+        m = copy.deepcopy(template)
+    else:
+        cfg = reference_config_from_arch(arch, patch_dim=_patch_dim(params))
+        p = next(template.module.parameters())
+        module = Transformer(cfg).to(dtype=p.dtype, device=p.device)
+        m = Model("reference", cfg.arch(), module, cfg.to_dict(), name=template.name, path=None)
+    set_canonical(m, params)
+    return m
+
+
+def prepare_pair(a: Model, b: Model, classes: frozenset[str]) -> Pair:
+    """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used."""
+    pa, pb = canonical(a), canonical(b)
+    arch = a.arch
+    if "residual_orth" not in classes:
+        return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "")
+    rewrite = fold_norms if arch.norm == "rmsnorm" else layernorm_to_rmsnorm
+    arch_a, pa = rewrite(arch, {k: v.to(F64) for k, v in pa.items()})
+    arch_b, pb = rewrite(arch, {k: v.to(F64) for k, v in pb.items()})
+    if arch_a != arch_b:  # e.g. one tied model keeps its tie and the other does not
+        arch_a = arch_b = replace(arch_a, tied_embeddings=False) if arch_a.tied_embeddings else arch_a
+        for p in (pa, pb):
+            p.setdefault("head.W", p["embed.tok"].T.clone())  # [D, V]
+    dtype = next(iter(canonical(a).values())).dtype
+    pa = {k: v.to(dtype) for k, v in pa.items()}
+    pb = {k: v.to(dtype) for k, v in pb.items()}
+    ma, mb = model_for(a, arch_a, pa), model_for(b, arch_b, pb)
+    return Pair(arch_a, build_spec(arch_a, pa), canonical(ma), canonical(mb), ma, mb, rewrite.__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# A differentiable forward: the reference-family twin
+
+
+def twin(model: Model) -> Model:
+    """A reference-family model computing the same function from the same canonical params.
+
+    For the reference family canonical keys ARE the module's parameter names, so the model is its
+    own twin. Other families are expressed in the reference family (symmetry.reference_config_from_arch);
+    families it cannot express (mixed bias flags) are refused. Data-driven aligners (activation,
+    learned, dual) run their forward passes, hooks and torch.func.functional_call on the twin.
+    """
+    if model.family == "reference":
+        return model
+    params = canonical(model)
+    try:
+        return model_for(model, replace(model.arch, family="reference"), params)
+    except SpecError as e:
+        raise SpecError(f"Data-driven alignment needs the model expressed in the reference family: {e}") from None
+
+
+def check_twin(model: Model, tw: Model, inputs: Tensor) -> None:
+    """Refuse a twin whose logits differ from the family's own (it would align a different function)."""
+    if tw is model:
+        return
+    with torch.no_grad():
+        x = inputs if not inputs.is_floating_point() else inputs.to(next(model.module.parameters()).dtype)
+        y, yt = model_logits(model, x), model_logits(tw, x)
+    err = float((y - yt).abs().max() / y.abs().max().clamp_min(1e-12))
+    tol = 1e-9 if y.dtype == F64 else 1e-4
+    if err > tol:
+        raise SpecError(f"The reference-family twin of {model.name or model.family} differs from it "
+                        f"(relative logit error {err:.1e}); data-driven alignment is not available for it.")
+
+
+def functional_logits(tw: Model, params: Params, inputs: Tensor) -> Tensor:
+    """Logits of the twin's module with `params` (canonical = parameter names), differentiable."""
+    x = inputs.to(next(tw.module.parameters()).dtype) if inputs.is_floating_point() else inputs
+    return torch.func.functional_call(tw.module, params, (x,), strict=False)
+
+
+def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
+    """Mean cross-entropy per scored token / image, in nats."""
+    return F.cross_entropy(logits.flatten(0, -2).double(), targets.flatten())
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: training batches for data-driven aligners, held out from the evaluation split
+
+
+LM_CTX = 128
+
+
+def train_batches(arch: Arch, batch: int, seed: int) -> Iterator[tuple[Tensor, Tensor]]:
+    """Endless (inputs, targets) from the training split (never the evaluation split)."""
+    from engine.data import default_splits, digits_splits, image_batches, lm_batches
+
+    if arch.task == "vit":
+        return image_batches(digits_splits()["train"], batch, seed)
+    n_ctx = min(arch.n_ctx, LM_CTX)
+    return ((w[:, :-1], w[:, 1:]) for w in lm_batches(default_splits().train, batch, n_ctx, seed))
+
+
+def val_batch(arch: Arch, items: int) -> tuple[Tensor, Tensor]:
+    """A fixed batch of the validation split: model selection inside an aligner, never reported as test."""
+    from engine.evaluate import lm_eval_set, vit_eval_set
+
+    if arch.task == "vit":
+        es = vit_eval_set("val", items)
+    else:
+        n_ctx = min(arch.n_ctx, LM_CTX)
+        es = lm_eval_set("val", items, n_ctx=n_ctx)
+    return es.inputs, es.targets
+
+
+# ---------------------------------------------------------------------------------------------
+# What an aligner gets and returns
+
+
+@dataclass
+class AlignContext:
+    pair: Pair
+    classes: frozenset[str]
+    steps: int = 0  # optimisation budget (learned, dual); 0 = the method's default
+    seed: int = 0
+    batch: int = 16  # sequences / images per training batch
+    progress: Progress | None = None
+    qk_structure: str | None = None  # override the spec's Q/K group ("gl"): only to test the guard
+    compare_one_sided: bool = True  # dual: also run one-sided learning at the same step budget
+
+
+@dataclass
+class AlignOutput:
+    g: GroupElement  # moves B onto A: the path is theta_A -> g.theta_B
+    info: dict = field(default_factory=dict)  # method-specific diagnostics (JSON-ready)
+    g_a: GroupElement | None = None  # dual: A's own transform (the path is reported in A's frame)
+
+
+def identity_like(pair: Pair) -> GroupElement:
+    dtype = next(iter(pair.params_a.values())).dtype
+    return identity(pair.arch, F64 if dtype != F64 else dtype)
+
+
+def tick() -> Callable[[], float]:
+    t0 = time.perf_counter()
+    return lambda: time.perf_counter() - t0
+
+
+def to_f64(p: Params) -> Params:
+    return {k: v.detach().to(F64) for k, v in p.items()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Diagnostics shared by every method
+
+
+def layer_of(key: str) -> str:
+    """'blocks.3.attn.W_Q' -> 'blocks.3'; embeddings, final norm and head -> 'outer'."""
+    parts = key.split(".")
+    return f"blocks.{parts[1]}" if parts[0] == "blocks" else "outer"
+
+
+def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
+    """||theta_A - theta_B||^2 per layer ('outer' = embeddings, final norm, head), the weight-matching
+    objective; divided by ||theta_A||^2 + ||theta_B||^2 so 1 means unrelated and 0 identical."""
+    num: dict[str, float] = {}
+    den: dict[str, float] = {}
+    for k in pa:
+        a, b = pa[k].detach().to(F64), pb[k].detach().to(F64)
+        L = layer_of(k)
+        num[L] = num.get(L, 0.0) + float((a - b).square().sum())
+        den[L] = den.get(L, 0.0) + float(a.square().sum() + b.square().sum())
+    return {L: num[L] / den[L] if den[L] > 0 else 0.0 for L in num}
+
+
+def _rounded(t: Tensor, digits: int = 5) -> list:
+    return torch.round(t.detach().to(F64), decimals=digits).tolist()
+
+
+def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str]) -> dict:
+    """The JSON view of a group element: permutations as index lists, RoPE complex scalars per head,
+    Q/K and V/O maps by their singular values, the residual map (index list or matrix)."""
+    from engine.align.solvers import residual_perm_of, rope_scalars
+
+    a = pair.arch
+    layers = []
+    for el in g.layers:
+        d: dict = {
+            "head_perm": el.head_perm.tolist(),
+            "kv_perm": el.kv_perm.tolist(),
+            "mlp_perm": el.mlp_perm.tolist(),
+        }
+        if "mlp_scale" in classes:
+            d["mlp_scale"] = _rounded(el.mlp_scale)
+        if "qk" in classes:
+            d["qk_singular_values"] = _rounded(torch.linalg.svdvals(el.qk.to(F64)))
+            if a.pe == "rope":
+                z = rope_scalars(el.qk.to(F64), a.rope_layout, a.rotary_dim)  # [h_kv, r/2]
+                d["rope_scalars"] = {"abs": _rounded(z.abs()), "angle": _rounded(z.angle())}
+        if "vo" in classes:
+            d["vo_singular_values"] = _rounded(torch.linalg.svdvals(el.vo.to(F64)))
+        layers.append(d)
+    O = g.residual.to(F64)
+    perm = residual_perm_of(O)
+    residual: dict = {"kind": "identity" if torch.equal(O, torch.eye(a.d_model, dtype=F64)) else
+                      ("permutation" if perm is not None else "orthogonal")}
+    if perm is not None:
+        residual["perm"] = perm.tolist()
+    else:
+        residual["matrix"] = _rounded(O, 4)
+        residual["distance_from_identity"] = float(torch.linalg.matrix_norm(O - torch.eye(a.d_model, dtype=F64)))
+    return {"layers": layers, "residual": residual}

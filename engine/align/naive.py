@@ -1,0 +1,10 @@
+"""Naive: no alignment. The path is the straight line between the models as trained (the baseline)."""
+
+from __future__ import annotations
+
+from engine.align.common import AlignContext, AlignOutput, identity_like
+
+
+def align_naive(ctx: AlignContext) -> AlignOutput:
+    """The identity element (registry entry `naive`)."""
+    return AlignOutput(identity_like(ctx.pair), {"seconds": 0.0})

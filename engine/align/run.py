@@ -1,0 +1,146 @@
+"""Align one pair end to end: choose the classes, prepare the pair, run a method, check exactness.
+
+The exactness guard (MATH.md section 5, endpoint check): B moved onto A must compute the function
+B computed, so its held-out loss must equal B's up to float error. A violation raises
+ExactnessError; it is never a warning. The one exception is a class the spec marks approximate
+(residual maps under a fixed sinusoidal PE, MATH.md section 3): there the change is measured and
+reported, the rest of the transform is still checked strictly, and the user can leave the class out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.align import METHODS
+from engine.align.common import (
+    RESIDUAL,
+    AlignContext,
+    AlignOutput,
+    Pair,
+    describe_element,
+    matching_costs,
+    model_for,
+    prepare_pair,
+    resolve_classes,
+    tick,
+)
+from engine.errors import ExactnessError, LMCError
+from engine.evaluate import EvalSet, evaluate
+from engine.interpolate import Progress, check_same_architecture
+from engine.models import Model, canonical
+from engine.spec import build_spec
+from engine.symmetry import GroupElement, LayerElement, apply
+
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # relative loss change allowed as float error
+
+
+@dataclass
+class Aligned:
+    """A pair after alignment: the path runs from model_a to model_b (B moved onto A)."""
+
+    method: str
+    classes: frozenset[str]
+    pair: Pair
+    out: AlignOutput
+    model_a: Model
+    model_b: Model
+    moved_params: dict
+    seconds: float
+
+
+def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] | list[str] | None = (),
+          steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
+          compare_one_sided: bool = True) -> Aligned:
+    """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model)."""
+    t = tick()
+    check_same_architecture(a, b)
+    if method not in METHODS:
+        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a)), classes)
+    pair = prepare_pair(a, b, kinds)
+    ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
+                       compare_one_sided=compare_one_sided)
+    out = METHODS[method].fn(ctx)
+    if method == "naive":
+        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t())
+    # strict=False: group membership is judged by its effect, by the exactness guard below
+    moved = apply(pair.arch, out.g, pair.params_b, strict=False)
+    return Aligned(method, kinds, pair, out, pair.model_a, model_for(pair.model_b, pair.arch, moved), moved, t())
+
+
+def restrict(g: GroupElement, kinds: frozenset[str]) -> GroupElement:
+    """g with every class outside `kinds` replaced by the identity."""
+    layers = []
+    for el in g.layers:
+        h, hkv, d, m = len(el.head_perm), el.qk.shape[0], el.qk.shape[-1], len(el.mlp_perm)
+        eye = torch.eye(d, dtype=el.qk.dtype).repeat(hkv, 1, 1)  # [h_kv, d, d]
+        layers.append(LayerElement(
+            el.head_perm if "heads" in kinds else torch.arange(h),
+            el.qk if "qk" in kinds else eye, el.vo if "vo" in kinds else eye,
+            el.mlp_perm if "mlp" in kinds else torch.arange(m),
+            el.mlp_scale if "mlp_scale" in kinds else torch.ones(m, dtype=el.mlp_scale.dtype),
+        ))
+    O = g.residual if set(RESIDUAL) & kinds else torch.eye(g.residual.shape[0], dtype=g.residual.dtype)
+    return GroupElement(tuple(layers), O)
+
+
+def _relative(u: float, v: float) -> float:
+    return abs(u - v) / max(abs(v), 1e-30)
+
+
+def endpoint_check(b: Model, al: Aligned, es: EvalSet, loss_moved: float) -> dict:
+    """Compare the moved model's loss with the original B's on `es`; raise ExactnessError on a violation.
+
+    `loss_moved` is the path's endpoint at lam = 1 (already evaluated). With approximate classes the
+    transform without them is evaluated as well and must be exact.
+    """
+    dtype = next(b.module.parameters()).dtype
+    tol = TOLERANCE.get(dtype, 1e-4)
+    rec = {"loss_b": loss_moved, "loss_b_moved": loss_moved, "abs_diff": 0.0, "rel_diff": 0.0, "tolerance": tol,
+           "exact": True, "approximate_classes": [], "rewrite": al.pair.rewrite}
+    if al.method == "naive":
+        return rec
+    loss_b = evaluate(b, es)["loss"]
+    rel = _relative(loss_moved, loss_b)
+    approx = sorted(al.classes & al.pair.spec.approximate)
+    rec |= {"loss_b": loss_b, "abs_diff": abs(loss_moved - loss_b), "rel_diff": rel, "approximate_classes": approx}
+    name = b.name or "B"
+    if approx:
+        exact_kinds = al.classes - set(approx)
+        moved = apply(al.pair.arch, restrict(al.out.g, exact_kinds), al.pair.params_b, strict=False)
+        loss_exact = evaluate(model_for(al.pair.model_b, al.pair.arch, moved), es)["loss"]
+        rel_exact = _relative(loss_exact, loss_b)
+        rec |= {"exact": False, "exact_part": {"classes": sorted(exact_kinds), "loss": loss_exact,
+                                               "rel_diff": rel_exact}}
+        if rel_exact > tol:
+            raise ExactnessError(f"Aligning {name} with {al.method} changed its loss from {loss_b:.6g} to "
+                                 f"{loss_exact:.6g} (relative {rel_exact:.1e} > {tol:.0e}) even without the "
+                                 f"approximate classes {', '.join(approx)}: the transform is not a symmetry of the model.")
+    elif rel > tol:
+        raise ExactnessError(f"Aligning {name} with {al.method} changed its loss from {loss_b:.6g} to "
+                             f"{loss_moved:.6g} (relative {rel:.1e} > {tol:.0e}): the transform is not a symmetry "
+                             "of the model.")
+    return rec
+
+
+def alignment_record(al: Aligned) -> dict:
+    """The record's `alignment` field: classes, the group element(s), costs, method diagnostics."""
+    pair, g = al.pair, al.out.g
+    rec = {
+        "method": al.method,
+        "display_name": METHODS[al.method].display_name,
+        "classes": sorted(al.classes),
+        "groups": {k: pair.spec.describe(k) for k in sorted(al.classes)},
+        "rewrite": pair.rewrite,
+        "element": describe_element(pair, g, al.classes),
+        "matching_cost": {"before": matching_costs(pair.params_a, pair.params_b),
+                          "after": matching_costs(pair.params_a, al.moved_params)},
+        "diagnostics": al.out.info,
+        "seconds": al.seconds,
+    }
+    if al.out.g_a is not None:
+        rec["element_a"] = describe_element(pair, al.out.g_a, al.classes)
+    return rec
+

@@ -1,0 +1,257 @@
+"""The small exact problems every aligner reduces to (MATH.md section 4), as pure functions.
+
+Each solver moves B onto A: it returns the transform that, applied to B's rows, best matches A's.
+Row stacks are `[N, k]` matrices whose rows are samples (weight rows or activations) and whose
+columns are the axis the transform acts on. Permutations follow engine/symmetry.py: new index i
+takes old index perm[i]. Everything here is float64 and deterministic.
+
+    assignment       S_n: Hungarian on a similarity matrix (scipy's linear_sum_assignment)
+    gqa_assignment   S_h restricted to grouped-query attention: groups to groups, heads within
+    procrustes       O(n): polar factor of the cross-correlation (orthogonal Procrustes, SVD)
+    fit_gl           GL(d): argmin ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, Procrustes start + L-BFGS
+    fit_rope         H(r): per frequency pair, closed-form phase + Brent on log r
+    fit_scale        per-neuron scale s: argmin ||a - s b||^2 + ||c - e / s||^2 (roots of a quartic)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import brentq, linear_sum_assignment, minimize, minimize_scalar
+from threadpoolctl import threadpool_limits
+from torch import Tensor
+
+from engine.models.reference import rope_pairs
+
+F64 = torch.float64
+
+
+# ---------------------------------------------------------------------------------------------
+# Permutations
+
+
+def assignment(score: Tensor) -> Tensor:
+    """perm maximising sum_i score[i, perm[i]]: A's unit i is matched with B's unit perm[i]."""
+    rows, cols = linear_sum_assignment(score.detach().to(F64).cpu().numpy(), maximize=True)
+    perm = torch.empty(score.shape[0], dtype=torch.long)
+    perm[torch.as_tensor(rows)] = torch.as_tensor(cols, dtype=torch.long)
+    return perm
+
+
+def gqa_assignment(score: Tensor, rep: int) -> Tensor:
+    """Best head perm [h] that maps KV groups to KV groups (MATH.md section 1, grouped-query).
+
+    The value of sending B's group c' to A's group c is itself an assignment of their `rep` query
+    heads; the outer assignment over groups then uses those values. With rep == 1 (or one group)
+    this is plain `assignment`.
+    """
+    h = score.shape[0]
+    if rep == 1 or rep == h:  # plain multi-head attention, or a single KV group
+        return assignment(score)
+    g = h // rep
+    blocks = score.reshape(g, rep, g, rep).permute(0, 2, 1, 3)  # [g_A, g_B, rep, rep]
+    inner = [[assignment(blocks[c, c2]) for c2 in range(g)] for c in range(g)]
+    value = torch.tensor([[float(blocks[c, c2][torch.arange(rep), inner[c][c2]].sum()) for c2 in range(g)]
+                          for c in range(g)], dtype=F64)  # [g_A, g_B]
+    groups = assignment(value)  # [g]
+    return torch.cat([groups[c] * rep + inner[c][int(groups[c])] for c in range(g)])  # [h]
+
+
+def perm_matrix(perm: Tensor, dtype: torch.dtype = F64) -> Tensor:
+    """P with (P @ x)[i] = x[perm[i]]: P[i, perm[i]] = 1."""
+    return torch.eye(len(perm), dtype=dtype)[perm]  # [n, n]
+
+
+def residual_perm_matrix(perm: Tensor, dtype: torch.dtype = F64) -> Tensor:
+    """Omega with (x @ Omega)[i] = x[perm[i]] along the residual axis, the form GroupElement stores."""
+    return perm_matrix(perm, dtype).T  # [D, D]
+
+
+def residual_perm_from_scores(M: Tensor) -> Tensor:
+    """The residual permutation matrix Omega maximising tr(Omega^T M) = sum_i M[pi(i), i]."""
+    return residual_perm_matrix(assignment(M.T))
+
+
+def residual_perm_of(Omega: Tensor) -> Tensor | None:
+    """The index form of a residual permutation matrix, or None if Omega is not one."""
+    O = Omega.detach()
+    if not bool(((O == 0) | (O == 1)).all()):
+        return None
+    return O.argmax(0)  # column i has its 1 in row perm[i]
+
+
+# ---------------------------------------------------------------------------------------------
+# Orthogonal maps
+
+
+def procrustes(M: Tensor) -> Tensor:
+    """argmax over O(n) of tr(Omega^T M): the polar factor U V^T of M = U S V^T."""
+    U, _, Vh = torch.linalg.svd(M.to(F64))
+    return U @ Vh
+
+
+def cross(X_B: Tensor, X_A: Tensor) -> Tensor:
+    """X_B^T X_A: the matrix whose polar factor moves B's rows onto A's (x_B Omega ~ x_A)."""
+    return X_B.to(F64).T @ X_A.to(F64)
+
+
+# ---------------------------------------------------------------------------------------------
+# GL(d): Q/K and V/O maps of a head (MATH.md section 4, "Within head")
+
+
+def gl_objective(A: Tensor, P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor) -> Tensor:
+    """||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, summed over a stack; A [n, d, d], rows [n, N, d]."""
+    f = (P_A - P_B @ A).square().sum()
+    if Q_A.shape[-2]:
+        f = f + (Q_A - Q_B @ torch.linalg.inv(A).mT).square().sum()
+    return f
+
+
+def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | None = None,
+           max_iter: int = 500) -> Tensor:
+    """A [n, d, d] in GL(d) minimising `gl_objective` for each of n independent stacks.
+
+    P rows move by A (W_Q, or W_V), Q rows by A^{-T} (W_K, or W_O^T). Start: the best of the
+    orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the two
+    one-sided least-squares fits (exact for a planted GL map) and `start` (a warm start); then
+    L-BFGS on the true objective. Without Q rows the problem is linear least squares.
+    """
+    P_A, P_B, Q_A, Q_B = (x.to(F64) for x in (P_A, P_B, Q_A, Q_B))
+    if Q_A.shape[-2] == 0:
+        return torch.linalg.lstsq(P_B, P_A).solution  # [n, d, d]
+    n, d = P_A.shape[0], P_A.shape[-1]
+    cands = [procrustes(torch.cat([P_B, Q_B], -2).mT @ torch.cat([P_A, Q_A], -2)),  # [n, d, d]
+             torch.linalg.lstsq(P_B, P_A).solution,  # [n, d, d]
+             torch.linalg.inv(torch.linalg.lstsq(Q_B, Q_A).solution).mT]  # [n, d, d], fitted as A^{-T}
+    if start is not None:
+        cands.append(start.to(F64))
+
+    def per_stack(A: Tensor) -> Tensor:  # [n], evaluated on the rows: exact near a zero residual
+        f = (P_A - P_B @ A).square().sum((-2, -1))
+        return f + (Q_A - Q_B @ torch.linalg.inv(A).mT).square().sum((-2, -1))
+
+    eye = torch.eye(d, dtype=F64).expand(n, d, d)
+    vals = []
+    for c in cands:
+        good = torch.isfinite(c).all((-2, -1))
+        c = torch.where(good[:, None, None], c, eye)
+        good &= torch.linalg.cond(c) < 1e8
+        c = torch.where(good[:, None, None], c, eye)  # [n, d, d]
+        vals.append(per_stack(c))
+    pick = torch.stack(vals).argmin(0)  # [n]
+    A0 = torch.stack([cands[int(k)][i] for i, k in enumerate(pick)])  # [n, d, d]
+    f0 = per_stack(A0)
+    if float(f0.max()) <= 1e-24:
+        return A0
+    # L-BFGS on Gram matrices: every evaluation is a few d x d products (scipy, analytic gradient)
+    g = {k: v.numpy() for k, v in {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B,
+                                   "qa": Q_B.mT @ Q_A}.items()}  # [n, d, d] each
+    c0 = float(P_A.square().sum() + Q_A.square().sum())
+
+    def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
+        A = x.reshape(n, d, d)
+        try:
+            B = np.linalg.inv(A).transpose(0, 2, 1)  # A^{-T}
+        except np.linalg.LinAlgError:
+            return np.inf, np.zeros_like(x)
+        f = (c0 - 2 * (A * g["pa"]).sum() + (A * (g["pp"] @ A)).sum()
+             - 2 * (B * g["qa"]).sum() + (B * (g["qq"] @ B)).sum())
+        G_B = 2 * (g["qq"] @ B - g["qa"])
+        G = 2 * (g["pp"] @ A - g["pa"]) - B @ G_B.transpose(0, 2, 1) @ B  # d/dA of the B term: -B G_B^T B
+        return float(f), G.reshape(-1)
+
+    with threadpool_limits(1):  # d x d products: BLAS threads are pure overhead (20x slower on a busy machine)
+        res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",
+                       options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
+    A = torch.from_numpy(res.x.reshape(n, d, d).copy())
+    ok = torch.isfinite(A).all((-2, -1))
+    A = torch.where(ok[:, None, None], A, A0)
+    ok = (torch.linalg.cond(A) < 1e10) & (per_stack(A) < f0)  # [n]: each stack keeps the better of the two
+    return torch.where(ok[:, None, None], A, A0)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE commutant H(r): one complex scalar per frequency pair
+
+
+def complex_pairs(X: Tensor, layout: str, r: int) -> Tensor:
+    """Rows [..., N, d] -> complex [..., N, r/2]: pair j of the RoPE layout as x_i1 + i x_i2."""
+    i1, i2 = rope_pairs(r, layout)
+    return torch.complex(X[..., i1].to(F64), X[..., i2].to(F64))  # [..., N, r/2]
+
+
+def fit_rope(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, layout: str, r: int) -> Tensor:
+    """z [n, r/2] complex: the H(r) part of the Q/K map, q_j <- z_j q_j and k_j <- k_j / conj(z_j).
+
+    Per pair (MATH.md section 4), with c_q = <q_A, q_B>, c_k = <k_A, k_B> (Hermitian, conjugating A):
+    the cross terms are 2 Re(e^{i phi} (r c_q + c_k / r)), so phi* = -arg(r c_q + c_k / r) in closed
+    form, and r minimises f(r) = r^2 ||q_B||^2 + ||k_B||^2 / r^2 - 2 |r c_q + c_k / r|, found by a coarse
+    grid on log r (f need not be unimodal) refined with Brent's method.
+    """
+    qa, qb = complex_pairs(P_A, layout, r), complex_pairs(P_B, layout, r)  # [n, N, r/2]
+    ka, kb = complex_pairs(Q_A, layout, r), complex_pairs(Q_B, layout, r)  # [n, M, r/2]
+    c_q = (qa.conj() * qb).sum(-2).numpy()  # [n, r/2]
+    c_k = (ka.conj() * kb).sum(-2).numpy()  # [n, r/2]
+    n_q = qb.abs().square().sum(-2).numpy()  # [n, r/2]
+    n_k = kb.abs().square().sum(-2).numpy()  # [n, r/2]
+    z = np.ones(c_q.shape, dtype=np.complex128)
+    grid = np.linspace(-6.0, 6.0, 49)
+    for idx in np.ndindex(*c_q.shape):
+        cq, ck, a, b = c_q[idx], c_k[idx], n_q[idx], n_k[idx]
+        if a + b == 0 or abs(cq) + abs(ck) == 0:
+            continue  # a dead pair: any z is optimal, keep the identity
+
+        def f(t, cq=cq, ck=ck, a=a, b=b):
+            s = np.exp(t)
+            return s * s * a + b / (s * s) - 2 * np.abs(s * cq + ck / s)
+
+        t0 = grid[int(np.argmin(f(grid)))]
+        def df(t, cq=cq, ck=ck, a=a, b=b):  # f'(t): polish Brent's minimum to machine precision
+            s = math.exp(t)
+            w, dw = s * cq + ck / s, s * cq - ck / s
+            return 2 * a * s * s - 2 * b / (s * s) - 2 * (np.conj(w) * dw).real / max(abs(w), 1e-300)
+
+        res = minimize_scalar(f, bracket=(t0 - 0.25, t0, t0 + 0.25), method="brent")
+        t = float(res.x) if res.fun <= f(t0) else t0
+        lo, hi = t - 1e-4, t + 1e-4
+        if df(lo) < 0 < df(hi):
+            t = brentq(df, lo, hi, xtol=1e-15)
+        s = math.exp(t)
+        w = s * cq + ck / s
+        z[idx] = s * np.exp(-1j * np.angle(w)) if abs(w) > 0 else s
+    return torch.from_numpy(z)  # [n, r/2]
+
+
+def rope_scalars(A: Tensor, layout: str, r: int) -> Tensor:
+    """The complex scalars z [..., r/2] of a map in H(r) (inverse of symmetry.rope_commutant)."""
+    i1, i2 = rope_pairs(r, layout)
+    return torch.complex(A[..., i1, i1], A[..., i1, i2])  # [..., r/2]
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-neuron scales (ReLU: s > 0; SwiGLU up branch: s != 0), MATH.md section 2
+
+
+def fit_scale(a_in: Tensor, b_in: Tensor, a_out: Tensor, b_out: Tensor, positive: bool) -> Tensor:
+    """s [m] minimising ||a_in_j - s_j b_in_j||^2 + ||a_out_j - b_out_j / s_j||^2 per neuron j.
+
+    Inputs are [m, k] (neuron j's incoming weights, then its outgoing ones). With alpha = ||b_in||^2,
+    beta = <a_in, b_in>, gamma = ||b_out||^2, delta = <a_out, b_out>, a stationary point solves
+    alpha s^4 - beta s^3 + delta s - gamma = 0; the best real root (positive for ReLU) wins.
+    """
+    al = b_in.to(F64).square().sum(-1).numpy()
+    be = (a_in.to(F64) * b_in.to(F64)).sum(-1).numpy()
+    ga = b_out.to(F64).square().sum(-1).numpy()
+    de = (a_out.to(F64) * b_out.to(F64)).sum(-1).numpy()
+    s = np.ones(len(al))
+    for j in range(len(al)):
+        roots = np.roots([al[j], -be[j], 0.0, de[j], -ga[j]]) if al[j] > 0 else np.array([])
+        real = [x.real for x in roots if abs(x.imag) < 1e-9 * max(1.0, abs(x)) and x.real != 0]
+        if positive:
+            real = [x for x in real if x > 0]
+        if real:
+            f = [al[j] * x * x - 2 * be[j] * x + ga[j] / (x * x) - 2 * de[j] / x for x in real]
+            s[j] = real[int(np.argmin(f))]
+    return torch.from_numpy(s)  # [m]
