@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable
@@ -88,8 +89,7 @@ def _evaluator(model64: Model, arch: Arch, inputs: Tensor) -> Callable[[Params],
     if arch == model64.arch:
         target = model64
     else:
-        cfg = reference_config_from_arch(arch, **_geometry(model64, canonical(model64)))
-        target = build(cfg, dtype=torch.float64)
+        target = _reference_model(reference_config_from_arch(arch, **_geometry(model64, canonical(model64))))
 
     def f(params: Params) -> Tensor:
         with torch.no_grad():
@@ -97,6 +97,13 @@ def _evaluator(model64: Model, arch: Arch, inputs: Tensor) -> Callable[[Params],
             return model_logits(target, inputs).to(torch.float64)
 
     return f
+
+
+@functools.lru_cache(maxsize=1)
+def _reference_model(cfg: RefConfig) -> Model:
+    """A float64 reference model to evaluate rewritten params in; kept for the next check of the same
+    config (its weights are always overwritten whole by set_canonical before use)."""
+    return build(cfg, dtype=torch.float64)
 
 
 def _rel(y: Tensor, y0: Tensor) -> float:
@@ -202,8 +209,8 @@ def invariance_checks(model: Model, kinds: Iterable[str] | None = None, k: int =
         row = {"group": kind, "kind": spec.describe(kind), "max_rel_change": max(changes),
                "exact": kind not in spec.approximate, "note": note}
         if kind in spec.approximate:
-            row["note"] = ("approximate: the fixed sinusoidal table would need P_sin Omega = P_sin "
-                           "(MATH.md section 3)")
+            row["note"] = ("approximate: Omega would have to fix every difference of fixed sinusoidal "
+                           "table rows (MATH.md section 3)")
         rows.append(row)
     if translations:
         for name, p in _translations(arch, theta, seed).items():
@@ -529,8 +536,11 @@ def symmetry_report(model_or_config_path, dims_only: bool = False, k: int = 3, s
     if weights:
         spec: Spec = build_spec(arch, canonical(model))
         rep |= {"kinds": list(spec.kinds), "approximate": sorted(spec.approximate), "requires": dict(spec.requires)}
-        rep["checks"] = invariance_checks(model, k=k, seed=seed)
-        rep["breaks"] = break_tests(model, seed=seed)
+        try:
+            rep["checks"] = invariance_checks(model, k=k, seed=seed)
+            rep["breaks"] = break_tests(model, seed=seed)
+        finally:
+            _reference_model.cache_clear()  # a float64 copy of a big model is not worth keeping around
     else:
         check_arch(arch)
         kinds = [kk for kk in KINDS if kk != "mlp_scale" or arch.mlp in ("relu", "swiglu")]

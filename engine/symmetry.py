@@ -280,15 +280,27 @@ def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> P
     wide = torch.float64
     O = g.residual.to(wide)
     O_perm = _is_perm_matrix(O)
-    mats: dict[str, dict[str, Tensor]] = {"residual": {"right": O, "right_inv_t": torch.linalg.inv(O).mT}}
+    # identity parts are left out (None): a restricted element then costs only what it moves
+    eye = torch.eye(O.shape[0], dtype=wide, device=O.device)
+    if torch.equal(O, eye):
+        res = None
+    elif O_perm:  # x Omega for a permutation matrix is an index: column j of the result is column argmax_i O_ij
+        res = {"index": O.argmax(0)}
+    else:
+        res = {"right": O, "right_inv_t": torch.linalg.inv(O).mT}
+    mats: dict[str, dict[str, Tensor] | None] = {"residual": res}
     for i, el in enumerate(g.layers):
         b = f"blocks.{i}"
         A, B = el.qk.to(wide), el.vo.to(wide)
-        mats[f"{b}.qk"] = {"right": A, "right_inv_t": torch.linalg.inv(A).mT}  # [h_kv, d, d]
-        mats[f"{b}.vo"] = {"right": B, "right_inv_t": torch.linalg.inv(B).mT}  # [h_kv, d, d]
-        mats[f"{b}.heads"] = {"perm": el.head_perm, "perm_kv": el.kv_perm}
-        mats[f"{b}.mlp"] = {"perm": el.mlp_perm}
-        mats[f"{b}.mlp_scale"] = {"scale": el.mlp_scale.to(wide)}
+        eye_d = torch.eye(A.shape[-1], dtype=wide, device=A.device).expand_as(A)  # [h_kv, d, d]
+        mats[f"{b}.qk"] = None if torch.equal(A, eye_d) else {"right": A, "right_inv_t": torch.linalg.inv(A).mT}
+        mats[f"{b}.vo"] = None if torch.equal(B, eye_d) else {"right": B, "right_inv_t": torch.linalg.inv(B).mT}
+        hp, mp = el.head_perm, el.mlp_perm
+        mats[f"{b}.heads"] = None if torch.equal(hp, torch.arange(len(hp), device=hp.device)) else {
+            "perm": hp, "perm_kv": el.kv_perm}
+        mats[f"{b}.mlp"] = None if torch.equal(mp, torch.arange(len(mp), device=mp.device)) else {"perm": mp}
+        sc = el.mlp_scale.to(wide)
+        mats[f"{b}.mlp_scale"] = None if bool((sc == 1).all()) else {"scale": sc}
 
     out: Params = {}
     for key, ps in spec.params.items():
@@ -297,19 +309,20 @@ def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> P
         # permutations first: the matrices and scales are indexed by the new (permuted) index
         for axis, acts in enumerate(ps.axes):
             for a in acts:
-                if a.role in ("perm", "perm_kv"):
+                if a.role in ("perm", "perm_kv") and mats[a.group] is not None:
                     x = x.index_select(axis, mats[a.group][a.role].to(x.device))
         for axis, acts in enumerate(ps.axes):
             for a in acts:
-                if a.role in ("right", "right_inv_t"):
+                if mats[a.group] is None:
+                    continue
+                if "index" in mats[a.group]:  # residual permutation: writers, readers (Omega^{-T} = Omega), norms
+                    x = x.index_select(axis, mats[a.group]["index"].to(x.device))
+                elif a.role in ("right", "right_inv_t"):
                     x = _right(x, axis, mats[a.group][a.role], a.by_axis, a.per)
                 elif a.role == "scale":
                     x = x * _along(mats[a.group]["scale"], x, axis)
                 elif a.role == "inv_scale":
                     x = x / _along(mats[a.group]["scale"], x, axis)
-                elif a.role == "norm" and O_perm:
-                    # gains and LayerNorm biases follow a residual permutation
-                    x = (x.movedim(axis, -1) @ O.to(x.device)).movedim(-1, axis)
                 # a folded gain (all ones) is invariant under rotations; strict mode checked it is folded
         out[key] = x.to(x0.dtype)
     return out
