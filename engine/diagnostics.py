@@ -310,7 +310,7 @@ def break_tests(model: Model, seed: int = 0, inputs: Tensor | None = None) -> li
 # Group dimension from the formulas (MATH.md sections 1-3)
 
 
-def group_dimension(arch: Arch) -> dict:
+def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     """Continuous dimension of the symmetry group, per component, per layer and in total.
 
     Counted for the folded form (RMSNorm gains in the readers; LayerNorm rewritten as RMSNorm), with
@@ -322,15 +322,21 @@ def group_dimension(arch: Arch) -> dict:
       mlp_scale   m              ReLU or SwiGLU
       residual_orth  D(D-1)/2    O(D); sinusoidal: only rotations fixing P_sin's row differences are exact
       pe_shift    D (LM) or 2D (ViT: class token / row 0 and patch bias / rows 1..N); untied only
+      ln_reader_gauge            `centred` (default: a LayerNorm model): the stream lies in the hyperplane
+                                 orthogonal to 1, so every reader column may add a multiple of 1 there:
+                                 per layer h d + 2 h_kv d + m (2m for SwiGLU), plus n_out for an untied head
     Permutations are discrete (dimension 0).
     """
     check_arch(arch)
     D, hkv, d, m, r, L = arch.d_model, arch.n_kv_heads, arch.d_head, arch.d_mlp, arch.rotary_dim, arch.n_layers
+    centred = arch.norm == "layernorm" if centred is None else centred
     qk = hkv * (r + (d - r) ** 2)
     vo = hkv * d * d
     kb = hkv * (d - r) if arch.attn_bias else 0
     vb = hkv * d if arch.attn_bias and arch.out_bias else 0
     ms = m if arch.mlp in ("relu", "swiglu") else 0
+    gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.mlp == "swiglu" else 1) if centred else 0
+    head_gauge = arch.n_out if centred and not arch.tied_embeddings else 0
     notes = []
     if arch.pe == "sinusoidal":
         # Omega must fix every difference P_sin[t] - P_sin[t0] (the embedding absorbs a constant shift):
@@ -347,12 +353,15 @@ def group_dimension(arch: Arch) -> dict:
         notes.append("tied embeddings: the embedding shift moves the logits by a per-position constant, a "
                      "symmetry of the log-probabilities only, not counted")
     if arch.norm == "layernorm":
-        notes.append("LayerNorm: dimensions of the RMSNorm rewrite; as given, only rotations fixing the all-ones "
-                     "vector are exact and every writer row's mean is a free gauge")
+        notes.append("LayerNorm: counted for the RMSNorm rewrite; as given, the gains and biases add per-norm "
+                     "scalings and bias shifts, every writer row's mean is a free gauge, and only rotations "
+                     "fixing the all-ones vector are exact")
     per_layer = [{"layer": i, "qk": qk, "vo": vo, "key_bias": kb, "value_bias": vb, "attention": qk + vo + kb + vb,
-                  "mlp": ms, "total": qk + vo + kb + vb + ms} for i in range(L)]
+                  "mlp": ms, "ln_reader_gauge": gauge, "total": qk + vo + kb + vb + ms + gauge} for i in range(L)]
     by_kind = {"heads": 0, "mlp": 0, "mlp_scale": L * ms, "qk": L * qk, "vo": L * vo, "residual_perm": 0,
                "residual_orth": res, "key_bias": L * kb, "value_bias": L * vb, "pe_shift": pe}
+    if centred:
+        by_kind["ln_reader_gauge"] = L * gauge + head_gauge
     return {"per_layer": per_layer, "total": sum(by_kind.values()), "by_kind": by_kind, "notes": notes}
 
 
@@ -408,7 +417,7 @@ def jacobian_nullity(model: Model, seed: int = 0, rtol: float = 1e-9, oversample
     s = torch.linalg.svdvals(J)  # descending
     rank = int((s > rtol * s[0]).sum())
     gap = float(s[rank - 1] / s[rank]) if rank < len(s) and s[rank] > 0 else math.inf
-    formula = group_dimension(a2)["total"]
+    formula = group_dimension(a2, centred=arch.norm == "layernorm")["total"]
     return {"n_params": n, "n_outputs": int(J.shape[0]), "rank": rank, "nullity": n - rank, "formula": formula,
             "gap": gap, "rtol": rtol, "sigma_max": float(s[0])}
 

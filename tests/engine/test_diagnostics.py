@@ -98,6 +98,7 @@ JACOBIAN = [
     {"pe": "none"}, {"pe": "learned"}, {"pe": "rope"}, {"pe": "rope", "rotary_dim": 2, "rope_layout": "half"},
     {"pe": "none", "mlp": "relu"}, {"pe": "rope", "n_kv_heads": 1},
     {"pe": "learned", "mlp": "swiglu", "bias": True}, {"pe": "sinusoidal", "n_ctx": 4},
+    {"pe": "learned", "norm": "layernorm", "bias": True, "tied_embeddings": True},
 ]
 
 
