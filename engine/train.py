@@ -40,7 +40,7 @@ class TrainConfig:
 
 
 LM_TRAIN = TrainConfig()
-VIT_TRAIN = TrainConfig(steps=1500, batch=64, lr=2e-3, warmup=100, weight_decay=0.05, eval_every=150)
+VIT_TRAIN = TrainConfig(steps=4000, batch=64, lr=2e-3, warmup=200, weight_decay=0.05, eval_every=400, augment=True)
 
 
 def lm_config(pe: str, **kw) -> RefConfig:
