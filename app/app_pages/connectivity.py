@@ -60,7 +60,7 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
 
 def run_live(sel: sidebar.Selection, eval_items: int | None) -> dict | None:
     """One engine call with a progress bar; an LMCError becomes its one sentence in st.error."""
-    bar = st.progress(0, text="Loading both models…")
+    bar = st.progress(0, text="Loading and aligning the models…")
     error = None
     with st.status("Interpolating…", expanded=False) as status:
         t0 = time.perf_counter()

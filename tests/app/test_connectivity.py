@@ -15,10 +15,12 @@ from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
 from app import figures
+from app.sidebar import methods
 from engine import zoo
 from engine.results import CACHE, cached_record, list_cached
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
+NAIVE = methods()["naive"]  # legend name of the baseline curve, from the engine's registry
 TIMEOUT = 60  # generous: the first run imports torch, and the machine's cores may be busy training
 
 
@@ -61,9 +63,10 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     assert at.selectbox(key="pair").value == key(zoo.pairs()[0]) == key(CACHED_PAIRS[0])
     a, b = CACHED_PAIRS[0]
     naive, weight = cached_record(a, b, "naive", store), cached_record(a, b, "weight", store)
+    names = methods()
     got = curves(chart(at, "barrier_chart"))
-    assert got["Naive (no alignment)"] == pytest.approx(naive["loss"], abs=0)
-    assert got["weight"] == pytest.approx(weight["loss"], abs=0)
+    assert got == {names["naive"]: pytest.approx(naive["loss"], abs=0),
+                   names["weight"]: pytest.approx(weight["loss"], abs=0)}
     assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/byte)"
     barriers = [m.value for m in at.metric if m.label == "Barrier"]
     assert barriers == [f"{naive['barrier']:.4f}", f"{weight['barrier']:.4f}"]
@@ -79,8 +82,8 @@ def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
     at.selectbox(key="pair").select(key(CACHED_PAIRS[1])).run()
     assert not at.exception
     rec = cached_record(*CACHED_PAIRS[1], "naive", store)
-    assert curves(chart(at, "barrier_chart"))["Naive (no alignment)"] == pytest.approx(rec["loss"], abs=0)
-    acc = curves(chart(at, "accuracy_chart"))["Naive (no alignment)"]
+    assert curves(chart(at, "barrier_chart"))[NAIVE] == pytest.approx(rec["loss"], abs=0)
+    acc = curves(chart(at, "accuracy_chart"))[NAIVE]
     assert acc == pytest.approx([100 * a for a in rec["accuracy"]])
     assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/image)"
     assert any(m.label == "Accuracy drop" for m in at.metric)
@@ -101,20 +104,26 @@ def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
     assert at.status[0].label.startswith("Done in")
     live = at.session_state["live_runs"][UNCACHED_PAIR]["naive"]
     assert live["eval_tokens"] == 1024 and live["model_a"] == UNCACHED_PAIR[0]
-    assert curves(chart(at, "barrier_chart")) == {"Naive (no alignment), live (1,024 tokens)": pytest.approx(live["loss"], abs=0)}
+    assert curves(chart(at, "barrier_chart")) == {f"{NAIVE}, live (1,024 tokens)": pytest.approx(live["loss"], abs=0)}
     # the result survives reruns (the button is momentary, session_state is not)
     at.run()
     assert at.button(key="run").value is False
     assert curves(chart(at, "barrier_chart"))
 
 
-def test_live_run_is_drawn_beside_the_cached_curves(tiny_env):
+def test_live_run_with_the_picked_method_is_drawn_beside_the_cached_curves(tiny_env):
     at = page()
+    names = methods()
+    assert at.selectbox(key="method").options == list(names.values())  # the picker is the registry
+    at.selectbox(key="method").select("weight").run()
     at.select_slider(key="eval_items_lm").set_value(1024).run()
     at.button(key="run").click().run()
     assert not at.exception
-    names = list(curves(chart(at, "barrier_chart")))
-    assert names == ["Naive (no alignment)", "weight", "Naive (no alignment), live (1,024 tokens)"]
+    live = at.session_state["live_runs"][CACHED_PAIRS[0]]["weight"]
+    assert live["method"] == "weight" and live["eval_tokens"] == 1024
+    drawn = curves(chart(at, "barrier_chart"))
+    assert list(drawn) == [names["naive"], names["weight"], f"{names['weight']}, live (1,024 tokens)"]
+    assert drawn[f"{names['weight']}, live (1,024 tokens)"] == pytest.approx(live["loss"], abs=0)
 
 
 def test_run_on_an_unbuilt_zoo_shows_the_engines_sentence(monkeypatch, tmp_path):
@@ -149,7 +158,7 @@ def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
     at.select_slider(key="eval_items_custom").set_value(256).run()
     at.button(key="run").click().run()
     assert not at.exception and not at.error
-    assert list(curves(chart(at, "barrier_chart"))) == ["Naive (no alignment), live (256 tokens)"]
+    assert list(curves(chart(at, "barrier_chart"))) == [f"{NAIVE}, live (256 tokens)"]
 
 
 def test_a_corrupt_cached_record_shows_an_error(tiny_env, monkeypatch, tmp_path):

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from engine import zoo
 from engine.api import run_pair
-from engine.interpolate import barrier_metrics
 from engine.models import save_model
 from engine.models.reference import RefConfig, build
 from engine.results import RunConfig, store
@@ -59,18 +58,14 @@ def build_zoo(root: Path) -> Path:
 
 
 def build_store(zoo_root: Path, root: Path) -> list[dict]:
-    """Real engine runs on the tiny zoo, stored like `python -m engine cache` does, plus one made-up
-    second method on the LM pair so overlaying several cached methods is exercised."""
+    """Real engine runs on the tiny zoo, stored like `python -m engine cache` does; the LM pair also
+    with weight matching, so overlaying several cached methods is exercised."""
     root.mkdir(parents=True, exist_ok=True)
+    runs = [(*CACHED_PAIRS[0], "naive"), (*CACHED_PAIRS[0], "weight"), (*CACHED_PAIRS[1], "naive")]
     recs = []
     with env(LMC_ZOO_DIR=str(zoo_root)):
-        for a, b in CACHED_PAIRS:
-            rec = run_pair(RunConfig(a, b, eval_items=EVAL_ITEMS[zoo.ENTRIES[a].task], points=11))
+        for a, b, method in runs:
+            rec = run_pair(RunConfig(a, b, method, eval_items=EVAL_ITEMS[zoo.ENTRIES[a].task], points=11))
             store(rec, root)
             recs.append(rec)
-    lm = recs[0]
-    loss = [v + 0.02 * t * (1 - t) for t, v in zip(lm["lambdas"], lm["loss"])]
-    m = barrier_metrics(lm["lambdas"], loss)
-    other = {**lm, "method": "weight", "loss": loss, "barrier": m["barrier"], "midpoint_barrier": m["midpoint_barrier"]}
-    store(other, root)
-    return [*recs, other]
+    return recs
