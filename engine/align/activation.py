@@ -57,13 +57,13 @@ def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
     out: dict[str, list[Tensor]] = {"resid": [], "x_attn": [], "x_mlp": []}
     hooks = []
     for blk in net.blocks:
-        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to(F64))))
-        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to(F64))))
-        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to(F64))))
-    hooks.append(net.norm_f.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to(F64))))
+        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu", F64))))
+        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to("cpu", F64))))
+        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to("cpu", F64))))
+    hooks.append(net.norm_f.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu", F64))))
     try:
-        x = inputs.to(next(net.parameters()).dtype) if inputs.is_floating_point() else inputs
-        net(x)
+        p = next(net.parameters())
+        net(inputs.to(p.device, p.dtype) if inputs.is_floating_point() else inputs.to(p.device))
     finally:
         for h in hooks:
             h.remove()
@@ -82,7 +82,7 @@ def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict
     q, k = proj["Q"], proj["K"]
     if arch.pe == "rope":
         T, r = x.shape[1], arch.rotary_dim
-        cs = (model.module.rope_cos[:T].to(F64), model.module.rope_sin[:T].to(F64))
+        cs = (model.module.rope_cos[:T].to("cpu", F64), model.module.rope_sin[:T].to("cpu", F64))
         q = torch.cat([apply_rope(q[..., :r], *cs, arch.rope_layout), q[..., r:]], -1)
         k = torch.cat([apply_rope(k[..., :r], *cs, arch.rope_layout), k[..., r:]], -1)
     k, v = k.repeat_interleave(rep, 1), proj["V"].repeat_interleave(rep, 1)  # [B, h, T, d]

@@ -149,8 +149,9 @@ def check_twin(model: Model, tw: Model, inputs: Tensor) -> None:
     """Refuse a twin whose logits differ from the family's own (it would align a different function)."""
     if tw is model:
         return
+    p = next(model.module.parameters())
     with torch.no_grad():
-        x = inputs if not inputs.is_floating_point() else inputs.to(next(model.module.parameters()).dtype)
+        x = inputs.to(p.device, p.dtype) if inputs.is_floating_point() else inputs.to(p.device)
         y, yt = model_logits(model, x), model_logits(tw, x)
     err = float((y - yt).abs().max() / y.abs().max().clamp_min(1e-12))
     tol = 1e-9 if y.dtype == F64 else 1e-4
@@ -161,13 +162,14 @@ def check_twin(model: Model, tw: Model, inputs: Tensor) -> None:
 
 def functional_logits(tw: Model, params: Params, inputs: Tensor) -> Tensor:
     """Logits of the twin's module with `params` (canonical = parameter names), differentiable."""
-    x = inputs.to(next(tw.module.parameters()).dtype) if inputs.is_floating_point() else inputs
+    p = next(tw.module.parameters())
+    x = inputs.to(p.device, p.dtype) if inputs.is_floating_point() else inputs.to(p.device)
     return torch.func.functional_call(tw.module, params, (x,), strict=False)
 
 
 def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy per scored token / image, in nats."""
-    return F.cross_entropy(logits.flatten(0, -2).double(), targets.flatten())
+    return F.cross_entropy(logits.flatten(0, -2).double(), targets.to(logits.device).flatten())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,7 +235,8 @@ def tick() -> Callable[[], float]:
 
 
 def to_f64(p: Params) -> Params:
-    return {k: v.detach().to(F64) for k, v in p.items()}
+    """Float64 CPU copies: the solvers' working precision and place (scipy, small matrices)."""
+    return {k: v.detach().to("cpu", F64) for k, v in p.items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,7 +255,7 @@ def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
     num: dict[str, float] = {}
     den: dict[str, float] = {}
     for k in pa:
-        a, b = pa[k].detach().to(F64), pb[k].detach().to(F64)
+        a, b = pa[k].detach().to("cpu", F64), pb[k].detach().to("cpu", F64)
         L = layer_of(k)
         num[L] = num.get(L, 0.0) + float((a - b).square().sum())
         den[L] = den.get(L, 0.0) + float(a.square().sum() + b.square().sum())

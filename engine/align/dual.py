@@ -33,8 +33,9 @@ def dual_identity(pair: Pair, g_a: GroupElement, g_b: GroupElement,
     tw = copy.deepcopy(twin(pair.model_a))
     tw.module.to(F64)
     x, y = val_batch(arch, IDENTITY_ITEMS[arch.task])
-    pa = {k: v.detach().to(F64) for k, v in pair.params_a.items()}
-    pb = {k: v.detach().to(F64) for k, v in pair.params_b.items()}
+    dev = next(tw.module.parameters()).device
+    pa = {k: v.detach().to(dev, F64) for k, v in pair.params_a.items()}
+    pb = {k: v.detach().to(dev, F64) for k, v in pair.params_b.items()}
     ta, tb = apply(arch, g_a, pa), apply(arch, g_b, pb)
     rel = apply(arch, relative(arch, g_a, g_b), pb)
     dual, one_sided = [], []

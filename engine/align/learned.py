@@ -91,7 +91,7 @@ def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, 
         for axis, acts in enumerate(ps.axes):
             for a in acts:
                 if a.role in ("perm", "perm_kv") and a.group in mats:
-                    P = mats[a.group][a.role].to(x.dtype)
+                    P = mats[a.group][a.role].to(x.device, x.dtype)
                     x = (x.movedim(axis, -1) @ P.T).movedim(-1, axis)
         for axis, acts in enumerate(ps.axes):
             for a in acts:
@@ -99,14 +99,14 @@ def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, 
                 if m is None:
                     continue
                 if a.role in ("right", "right_inv_t"):
-                    x = _right(x, axis, m[a.role].to(x.dtype), a.by_axis, a.per)
+                    x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
                 elif a.role in ("scale", "inv_scale"):
                     shape = [1] * x.dim()
                     shape[axis] = -1
-                    s = m["scale"].to(x.dtype).reshape(shape)  # broadcast along `axis`
+                    s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
                     x = x * s if a.role == "scale" else x / s
                 elif a.role == "norm" and residual_is_perm:  # gains follow a permutation, are folded otherwise
-                    x = (x.movedim(axis, -1) @ m["right"].to(x.dtype)).movedim(-1, axis)
+                    x = (x.movedim(axis, -1) @ m["right"].to(x.device, x.dtype)).movedim(-1, axis)
         out[key] = x
     return out
 
@@ -284,9 +284,9 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int) -> d
     tw = twin(pair.model_a)
     xv, yv = val_batch(arch, VAL_ITEMS[arch.task])
     check_twin(pair.model_a, tw, xv[:2])
-    dt = next(tw.module.parameters()).dtype
-    pa = {k: v.detach().to(dt) for k, v in pair.params_a.items()}
-    pb = {k: v.detach().to(dt) for k, v in pair.params_b.items()}
+    ref = next(tw.module.parameters())  # the weights live where the twin runs; the latents on the CPU
+    pa = {k: v.detach().to(ref.device, ref.dtype) for k, v in pair.params_a.items()}
+    pb = {k: v.detach().to(ref.device, ref.dtype) for k, v in pair.params_b.items()}
     side_b = Transform(arch, spec, kinds, g0_b)
     side_a = Transform(arch, spec, kinds, identity(arch)) if dual else None
     groups = side_b.param_groups() + (side_a.param_groups() if side_a else [])

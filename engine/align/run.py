@@ -60,7 +60,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
         raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
     kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a)), classes)
     pair = prepare_pair(a, b, kinds)
-    ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
+    ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided)
     out = METHODS[method].fn(ctx)
     if method == "naive":

@@ -1,0 +1,347 @@
+"""Aligners (MATH.md section 4): planted solutions per family, the exactness guard, class ablation,
+learned / dual against weight matching on briefly trained models, the dual identity, the CLI.
+
+Tiny float64 models (2 layers, D 32, 4 heads) unless a test trains; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine.align import METHODS
+from engine.align.common import default_classes, model_for, prepare_pair, resolve_classes
+from engine.align.dual import dual_identity
+from engine.align.learned import Transform, apply_dense
+from engine.align.run import align, endpoint_check
+from engine.align.solvers import (
+    assignment,
+    fit_gl,
+    fit_rope,
+    fit_scale,
+    gqa_assignment,
+    procrustes,
+    residual_perm_of,
+    rope_scalars,
+)
+from engine.cli import main
+from engine.errors import ExactnessError, LMCError
+from engine.evaluate import eval_set_for, evaluate, lm_eval_set
+from engine.interpolate import interpolate
+from engine.models import Model, canonical, load_model, save_model, set_canonical
+from engine.models.reference import RefConfig, build
+from engine.spec import build_spec
+from engine.symmetry import apply, invert, random_gl, rope_commutant, sample
+from engine.train import TrainConfig, train
+
+F64 = torch.float64
+
+
+def tiny(task="lm", **kw) -> RefConfig:
+    return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, **kw})
+
+
+def randomise_norms(m: Model, seed: int) -> Model:
+    """Gains around 1 and LayerNorm biases nonzero, so folding and the residual maps are exercised."""
+    g = torch.Generator().manual_seed(seed)
+    p = canonical(m)
+    for k, v in p.items():
+        if k.endswith(".g"):
+            p[k] = 1 + 0.2 * torch.randn(v.shape, generator=g, dtype=F64)
+        elif k.endswith((".norm1.b", ".norm2.b", "norm_f.b")):
+            p[k] = 0.1 * torch.randn(v.shape, generator=g, dtype=F64)
+    set_canonical(m, p)
+    return m
+
+
+# ---------------------------------------------------------------------------------------------
+# Solvers
+
+
+def test_assignment_and_gqa_assignment_recover_a_planted_permutation():
+    g = torch.Generator().manual_seed(0)
+    perm = torch.randperm(9, generator=g)
+    S = torch.randn(9, 9, generator=g, dtype=F64)
+    S[torch.arange(9), perm] += 10
+    assert torch.equal(assignment(S), perm)
+    hp = torch.tensor([5, 4, 1, 0, 2, 3])  # 3 KV groups of 2: group 0 <- 2, 1 <- 0, 2 <- 1
+    S = torch.randn(6, 6, generator=g, dtype=F64)
+    S[torch.arange(6), hp] += 10
+    assert torch.equal(gqa_assignment(S, 2), hp)
+
+
+def test_gl_and_rope_solvers_invert_planted_maps():
+    g = torch.Generator().manual_seed(1)
+    P_A, Q_A = torch.randn(3, 40, 8, generator=g, dtype=F64), torch.randn(3, 40, 8, generator=g, dtype=F64)
+    A = random_gl(8, 3, g)
+    P_B, Q_B = P_A @ torch.linalg.inv(A), Q_A @ A.mT  # so that P_B A = P_A, Q_B A^{-T} = Q_A
+    assert (fit_gl(P_A, P_B, Q_A, Q_B) - A).abs().max() < 1e-10
+    for layout in ("interleaved", "half"):
+        z = torch.polar(torch.rand(3, 3, generator=g, dtype=F64) + 0.5, torch.rand(3, 3, generator=g, dtype=F64) * 6)
+        A = rope_commutant(z, layout, 8)  # partial: 3 pairs in d = 8
+        P_B, Q_B = P_A @ torch.linalg.inv(A), Q_A @ A.mT
+        assert (fit_rope(P_A, P_B, Q_A, Q_B, layout, 6) - z).abs().max() < 1e-10
+        assert torch.equal(rope_scalars(A, layout, 6), z)
+    s = torch.rand(5, generator=g, dtype=F64) + 0.5
+    a_in, a_out = torch.randn(5, 7, generator=g, dtype=F64), torch.randn(5, 9, generator=g, dtype=F64)
+    assert (fit_scale(a_in, a_in / s[:, None], a_out, a_out * s[:, None], positive=True) - s).abs().max() < 1e-12
+    O = torch.linalg.qr(torch.randn(6, 6, generator=g, dtype=F64))[0]
+    X = torch.randn(20, 6, generator=g, dtype=F64)
+    assert (procrustes((X @ O.T).T @ X) - O).abs().max() < 1e-12
+
+
+def test_gl_solver_improves_on_its_start_for_unrelated_rows():
+    g = torch.Generator().manual_seed(2)
+    P_A, P_B, Q_A, Q_B = (torch.randn(2, 30, 6, generator=g, dtype=F64) for _ in range(4))
+    A = fit_gl(P_A, P_B, Q_A, Q_B)
+    f = lambda M: ((P_A - P_B @ M).square().sum() + (Q_A - Q_B @ torch.linalg.inv(M).mT).square().sum())
+    ortho = procrustes(torch.cat([P_B, Q_B], 1).mT @ torch.cat([P_A, Q_A], 1))
+    assert f(A) < f(ortho) and f(A) < f(torch.eye(6, dtype=F64).expand(2, 6, 6))
+
+
+# ---------------------------------------------------------------------------------------------
+# Planted solutions for every family: theta_B = g*(theta_A)
+
+
+def _hf_cases() -> dict:
+    from engine.models import hf_gpt2, hf_llama, timm_vit
+
+    return {
+        "hf_gpt2": lambda: hf_gpt2.build({"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2,
+                                          "n_head": 4, "bos_token_id": 0, "eos_token_id": 0}, seed=0, dtype=F64),
+        "hf_llama": lambda: hf_llama.build({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
+                                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                            "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 0,
+                                            "rope_theta": 500.0}, seed=0, dtype=F64),
+        "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
+                                            "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
+                                           seed=0, dtype=F64),
+    }
+
+
+REF_CASES = {
+    "lm-none": {"pe": "none"}, "lm-learned": {"pe": "learned"}, "lm-sinusoidal": {"pe": "sinusoidal"},
+    "lm-rope": {"pe": "rope"}, "vit-learned": {"task": "vit", "pe": "learned"}, "vit-rope": {"task": "vit", "pe": "rope"},
+    "lm-rope-half-gqa-swiglu": {"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu"},
+    "lm-partial-rope-relu": {"pe": "rope", "rotary_dim": 4, "mlp": "relu"},
+    "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
+}
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "timm_vit"]
+
+
+def make_case(name: str) -> Model:
+    if name in REF_CASES:
+        kw = REF_CASES[name]
+        m = build(tiny(**kw), seed=0, dtype=F64)
+    else:
+        m = _hf_cases()[name]()
+    return randomise_norms(m, 5)
+
+
+def planted(a: Model, seed: int = 3):
+    """B = g*(A) for a random g* of every default class (A norm-folded first when g* rotates)."""
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    pair = prepare_pair(a, a, kinds)
+    g = sample(pair.arch, kinds, seed=seed)
+    b = model_for(pair.model_a, pair.arch, apply(pair.arch, g, pair.params_a))
+    return b, g, kinds
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_weight_matching_recovers_a_planted_element(name):
+    a = make_case(name)
+    b, g_star, kinds = planted(a)
+    al = align(a, b, "weight")
+    assert al.classes == kinds
+    want = invert(al.pair.arch, g_star)  # B onto A undoes g*
+    for got, exp in zip(al.out.g.layers, want.layers):
+        assert torch.equal(got.head_perm, exp.head_perm) and torch.equal(got.kv_perm, exp.kv_perm)
+        assert torch.equal(got.mlp_perm, exp.mlp_perm)
+        assert (got.qk - exp.qk).abs().max() < 1e-8 and (got.vo - exp.vo).abs().max() < 1e-8
+    if "residual_perm" in kinds:
+        assert torch.equal(residual_perm_of(al.out.g.residual), residual_perm_of(want.residual))
+    assert (al.out.g.residual - want.residual).abs().max() < 1e-9
+    err = max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params)
+    assert err < 1e-10
+    es = eval_set_for(a, "val", 64 if a.arch.task == "vit" else 256)
+    r = interpolate(al.model_a, al.model_b, es, points=3)
+    assert abs(r["barrier"]) < 1e-6
+    assert endpoint_check(b, al, es, r["endpoint_loss_b"])["rel_diff"] < 1e-9
+
+
+@pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama"])
+def test_activation_matching_recovers_a_planted_element(name):
+    a = make_case(name)
+    b, g_star, _ = planted(a)
+    al = align(a, b, "activation")
+    want = invert(al.pair.arch, g_star)
+    for got, exp in zip(al.out.g.layers, want.layers):
+        assert torch.equal(got.head_perm, exp.head_perm) and torch.equal(got.mlp_perm, exp.mlp_perm)
+    err = max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params)
+    assert err < 1e-8
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE: the aligner stays in the commutant; a GL aligner is caught by the guard
+
+
+def test_rope_aligner_stays_in_the_rope_group_and_gl_is_caught():
+    a = build(tiny(pe="rope", rotary_dim=6), seed=0, dtype=F64)
+    b = build(tiny(pe="rope", rotary_dim=6), seed=1, dtype=F64)
+    es = lm_eval_set("val", 256, n_ctx=16)
+    al = align(a, b, "weight", classes=("heads", "qk"))
+    apply(al.pair.arch, al.out.g, al.pair.params_b, strict=True)  # raises outside H(r) x GL(d - r)
+    x = es.inputs[:4]
+    assert (al.model_b.module(x) - b.module(x)).abs().max() < 1e-10  # exactly the same function
+    assert endpoint_check(b, al, es, evaluate(al.model_b, es)["loss"])["rel_diff"] < 1e-12
+    wrong = align(a, b, "weight", classes=("heads", "qk"), qk_structure="gl")
+    with pytest.raises(ExactnessError, match="not a symmetry"):
+        endpoint_check(b, wrong, es, evaluate(wrong.model_b, es)["loss"])
+
+
+def test_sinusoidal_residual_is_reported_as_approximate_not_raised():
+    a = build(tiny(pe="sinusoidal"), seed=0, dtype=F64)
+    b = build(tiny(pe="sinusoidal"), seed=1, dtype=F64)
+    es = lm_eval_set("val", 256, n_ctx=16)
+    al = align(a, b, "weight", classes=("heads", "mlp", "residual_orth"))
+    chk = endpoint_check(b, al, es, evaluate(al.model_b, es)["loss"])
+    assert chk["approximate_classes"] == ["residual_orth"] and not chk["exact"]
+    assert chk["rel_diff"] > 1e-6 and chk["exact_part"]["rel_diff"] < 1e-12
+    assert "residual_orth" not in align(a, b, "weight").classes  # left out by default
+
+
+# ---------------------------------------------------------------------------------------------
+# Class ablation
+
+
+def test_classes_restrict_the_element_and_bad_requests_fail_clearly():
+    a = build(tiny(pe="rope"), seed=0, dtype=F64)
+    b = build(tiny(pe="rope"), seed=1, dtype=F64)
+    al = align(a, b, "weight", classes=("mlp",))
+    assert al.pair.rewrite == "" and al.classes == {"mlp"}
+    for el in al.out.g.layers:
+        assert torch.equal(el.head_perm, torch.arange(4)) and torch.equal(el.qk, torch.eye(8, dtype=F64).repeat(4, 1, 1))
+    assert torch.equal(al.out.g.residual, torch.eye(32, dtype=F64))
+    spec = build_spec(a.arch, canonical(a))
+    with pytest.raises(LMCError, match="Unknown symmetry class 'rotation'"):
+        resolve_classes(spec, ("rotation",))
+    with pytest.raises(LMCError, match="Choose one residual class"):
+        resolve_classes(spec, ("residual_perm", "residual_orth"))
+    with pytest.raises(LMCError, match="'mlp_scale' is not a symmetry of this gelu"):
+        resolve_classes(spec, ("mlp_scale",))
+    with pytest.raises(LMCError, match="Method 'magic' is not available"):
+        align(a, b, "magic")
+
+
+# ---------------------------------------------------------------------------------------------
+# The differentiable action and the dual identity
+
+
+@pytest.mark.parametrize("kw", [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu", "rotary_dim": 6},
+                                {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"}])
+def test_dense_action_equals_apply_for_hard_elements(kw):
+    a = randomise_norms(build(tiny(**kw), seed=0, dtype=F64), 1)
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    pair = prepare_pair(a, a, kinds)
+    g = sample(pair.arch, kinds, seed=4)
+    T = Transform(pair.arch, pair.spec, kinds, g)
+    mats, is_perm = T.mats()
+    dense = apply_dense(pair.spec, mats, pair.params_a, is_perm)
+    ref = apply(pair.arch, g, pair.params_a)
+    assert max(float((dense[k] - ref[k]).detach().abs().max()) for k in ref) < 1e-12
+    e = T.element()
+    assert all(torch.equal(x.head_perm, y.head_perm) and (x.qk - y.qk).abs().max() < 1e-12
+               for x, y in zip(e.layers, g.layers))
+
+
+def test_dual_identity_holds_for_random_elements():
+    a = randomise_norms(build(tiny(pe="rope"), seed=0, dtype=F64), 2)
+    b = randomise_norms(build(tiny(pe="rope"), seed=1, dtype=F64), 3)
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    pair = prepare_pair(a, b, kinds)
+    out = dual_identity(pair, sample(pair.arch, kinds, seed=5), sample(pair.arch, kinds, seed=6))
+    assert out["max_relative_error"] < 1e-10
+    assert out["loss_dual"][0] != out["loss_dual"][1]  # the lambdas really differ
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned and dual beat weight matching on briefly trained models
+
+
+@pytest.fixture(scope="module")
+def trained_pair():
+    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=32, pe="rope")
+    tc = TrainConfig(steps=120, batch=16, lr=3e-3, warmup=10, eval_every=10**9, eval_items=512)
+    return [train(cfg, s, tc, progress=False)[0] for s in (0, 1)]
+
+
+def test_learned_and_dual_reduce_the_barrier_below_weight_matching(trained_pair):
+    a, b = trained_pair
+    es = lm_eval_set("test", 2048, n_ctx=32)
+    barrier = {}
+    runs = {}
+    for m in ("naive", "weight", "learned", "dual"):
+        runs[m] = align(a, b, m, steps=20)
+        barrier[m] = interpolate(runs[m].model_a, runs[m].model_b, es, points=5)["barrier"]
+        endpoint_check(b, runs[m], es, evaluate(runs[m].model_b, es)["loss"])  # float32: within 1e-4
+    assert barrier["weight"] < 0.5 * barrier["naive"]
+    assert barrier["learned"] < barrier["weight"] and barrier["dual"] < barrier["weight"]
+    info = runs["dual"].out.info
+    assert info["identity"]["max_relative_error"] < 1e-6
+    same = info["one_sided_same_budget"]
+    assert same["steps"] == info["steps"] == 20 and len(same["history"]["step"]) == len(info["history"]["step"])
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI, records, the merged model, build_cache
+
+
+def test_align_cli_writes_a_record_and_a_merged_model_that_loads_back(tmp_path, capsys):
+    for s in (0, 1):
+        save_model(build(tiny(pe="rope"), seed=s), tmp_path / f"m{s}")
+    out, merged = tmp_path / "r.json", tmp_path / "merged"
+    rc = main(["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "weight", "--points", "3",
+               "--eval-items", "256", "--out", str(out), "--save-merged", str(merged), "--alpha", "0.5"])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["method"] == "weight" and rec["endpoint_check"]["rel_diff"] < 1e-4
+    al = rec["alignment"]
+    assert al["classes"] == ["heads", "mlp", "qk", "residual_orth", "vo"] and al["rewrite"] == "fold_norms"
+    assert len(al["element"]["layers"][0]["head_perm"]) == 4 and "rope_scalars" in al["element"]["layers"][0]
+    assert al["element"]["residual"]["kind"] == "orthogonal"
+    assert set(al["matching_cost"]["after"]) == {"blocks.0", "blocks.1", "outer"}
+    m = load_model(merged)
+    es = lm_eval_set("test", 256, n_ctx=16)
+    assert evaluate(m, es)["loss"] == pytest.approx(rec["loss"][1], rel=1e-6)
+    assert "endpoint check" in capsys.readouterr().out
+    rc = main(["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--classes", "mlp_scale"])
+    assert rc == 2 and "not a symmetry" in capsys.readouterr().err
+
+
+def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
+    import engine.align as registry
+    from engine.align import run
+    from engine.api import build_cache
+
+    for s in (0, 1):
+        save_model(build(tiny(pe="rope", n_ctx=32), seed=s), tmp_path / "zoo" / f"lm-rope-s{s}")
+    monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "cache"))
+    short = {k: replace(v, default_steps=2 if v.default_steps else 0) for k, v in METHODS.items()}
+    monkeypatch.setattr(registry, "METHODS", short)
+    monkeypatch.setattr(run, "METHODS", short)
+    recs = build_cache(methods=list(METHODS), eval_items=256, only=[("lm-rope-s0", "lm-rope-s1")])
+    assert [r["method"] for r in recs] == list(METHODS)
+    assert all("alignment" in r and "endpoint_check" in r for r in recs)
+    assert recs[-1]["alignment"]["diagnostics"]["steps"] == 2
+    assert len(json.loads((tmp_path / "cache" / "manifest.json").read_text())["records"]) == len(METHODS)
+
+
+def test_copy_is_not_needed_for_naive():
+    a = build(tiny(), seed=0)
+    al = align(a, copy.deepcopy(a), "naive")
+    assert al.model_a is a and al.classes == frozenset()
