@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
-from engine.align.learned import DEFAULT_STEPS, mean_loss, optimise, relative
+from engine.align.learned import CHUNK, DEFAULT_STEPS, mean_loss, optimise, relative
 from engine.align.weight import weight_match
 from engine.symmetry import GroupElement, apply
 
@@ -38,14 +40,17 @@ def dual_identity(pair: Pair, g_a: GroupElement, g_b: GroupElement,
     pb = {k: v.detach().to(dev, F64) for k, v in pair.params_b.items()}
     ta, tb = apply(arch, g_a, pa), apply(arch, g_b, pb)
     rel = apply(arch, relative(arch, g_a, g_b), pb)
-    dual, one_sided = [], []
+    dual, one_sided, logit_err = [], [], []
     for lam in lambdas:
-        for out, (p, q) in ((dual, (ta, tb)), (one_sided, (pa, rel))):
-            mid = {k: (1 - lam) * p[k] + lam * q[k] for k in p}
+        mids = [{k: (1 - lam) * p[k] + lam * q[k] for k in p} for p, q in ((ta, tb), (pa, rel))]
+        for out, mid in zip((dual, one_sided), mids):
             out.append(mean_loss(lambda inp, mid=mid: functional_logits(tw, mid, inp), x, y))
+        with torch.no_grad():  # the mean loss washes out 1e-16 differences; the logits show them
+            la, lb = (functional_logits(tw, mid, x[:CHUNK]) for mid in mids)
+        logit_err.append(float((la - lb).abs().max() / lb.abs().max()))
     err = max(abs(u - v) / abs(v) for u, v in zip(dual, one_sided))
-    return {"lambdas": list(lambdas), "loss_dual": dual, "loss_one_sided": one_sided, "max_relative_error": err}
-
+    return {"lambdas": list(lambdas), "loss_dual": dual, "loss_one_sided": one_sided, "max_relative_error": err,
+            "max_logit_relative_error": max(logit_err)}
 
 def align_dual(ctx: AlignContext) -> AlignOutput:
     """Dual learned matching (registry entry `dual`); returns g_A^{-1} g_B and A's own g_A."""

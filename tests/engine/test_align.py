@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -264,7 +265,7 @@ def test_dual_identity_holds_for_random_elements():
     kinds = default_classes(build_spec(a.arch, canonical(a)))
     pair = prepare_pair(a, b, kinds)
     out = dual_identity(pair, sample(pair.arch, kinds, seed=5), sample(pair.arch, kinds, seed=6))
-    assert out["max_relative_error"] < 1e-10
+    assert out["max_relative_error"] < 1e-10 and 0 < out["max_logit_relative_error"] < 1e-10
     assert out["loss_dual"][0] != out["loss_dual"][1]  # the lambdas really differ
 
 
@@ -291,7 +292,7 @@ def test_learned_and_dual_reduce_the_barrier_below_weight_matching(trained_pair)
     assert barrier["weight"] < 0.5 * barrier["naive"]
     assert barrier["learned"] < barrier["weight"] and barrier["dual"] < barrier["weight"]
     info = runs["dual"].out.info
-    assert info["identity"]["max_relative_error"] < 1e-6
+    assert info["identity"]["max_relative_error"] < 1e-6 and info["identity"]["max_logit_relative_error"] < 1e-6
     same = info["one_sided_same_budget"]
     assert same["steps"] == info["steps"] == 20 and len(same["history"]["step"]) == len(info["history"]["step"])
 
@@ -345,3 +346,19 @@ def test_copy_is_not_needed_for_naive():
     a = build(tiny(), seed=0)
     al = align(a, copy.deepcopy(a), "naive")
     assert al.model_a is a and al.classes == frozenset()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("LMC_SLOW"), reason="zoo-sized alignment takes minutes; set LMC_SLOW=1")
+def test_zoo_learned_and_dual_beat_weight_matching():
+    from engine.api import run_pair
+    from engine.results import RunConfig
+    from engine.zoo import ENTRIES
+
+    a, b = "lm-rope-s0", "lm-rope-s1"
+    if not all((ENTRIES[n].path / "model.safetensors").is_file() for n in (a, b)):
+        pytest.skip("the zoo's lm-rope pair is not built")
+    barrier = {m: run_pair(RunConfig(a, b, m, points=11, eval_items=16384))["barrier"]
+               for m in ("naive", "weight", "learned", "dual")}
+    assert barrier["weight"] < barrier["naive"]
+    assert barrier["learned"] < barrier["weight"] and barrier["dual"] < barrier["weight"]
