@@ -142,7 +142,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
     O = torch.eye(D, dtype=F64)
     if set(RESIDUAL) & kinds:
         Xa = torch.cat([x.flatten(0, 1) for x in acts_a["resid"]])  # [N*(L+1), D]
-        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]])
+        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]])  # [N*(L+1), D]
         if "residual_perm" in kinds:
             O = residual_perm_matrix(assignment(correlation(Xa, Xb)))
         else:
@@ -162,7 +162,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
         A = B = torch.eye(arch.d_head, dtype=F64).repeat(arch.n_kv_heads, 1, 1)  # [h_kv, d, d]
         if "qk" in kinds:
             Qa = _rows_per_head(at_a["q"]).reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*B*T, d]
-            Qb = _rows_per_head(at_b["q"])[hp].reshape(arch.n_kv_heads, -1, arch.d_head)
+            Qb = _rows_per_head(at_b["q"])[hp].reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*B*T, d]
             Ka, Kb = _rows_per_head(at_a["k"]), _rows_per_head(at_b["k"])[kv]  # [h_kv, B*T, d]
             A = fit_qk(arch, structure, Qa, Qb, Ka, Kb)
         if "vo" in kinds:

@@ -169,7 +169,7 @@ def functional_logits(tw: Model, params: Params, inputs: Tensor) -> Tensor:
 
 def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
     """Mean cross-entropy per scored token / image, in nats."""
-    return F.cross_entropy(logits.flatten(0, -2).double(), targets.to(logits.device).flatten())
+    return F.cross_entropy(logits.flatten(0, -2).double(), targets.to(logits.device).flatten())  # [N, V], [N]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -71,11 +71,11 @@ CHUNK = 16  # sequences / images per forward pass when evaluating
 def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
     """x <- x M along `axis` (engine/symmetry.py `_right`, restated here next to its dense twin)."""
     if by_axis is None:
-        return (x.movedim(axis, -1) @ M).movedim(-1, axis)
+        return (x.movedim(axis, -1) @ M).movedim(-1, axis)  # same shape as x
     Ms = M[torch.arange(x.shape[by_axis], device=M.device) // per]  # [size(by_axis), s, s]
     y = x.movedim((by_axis, axis), (0, -1))  # [size(by_axis), ..., s]
     y = torch.einsum("i...s,ist->i...t", y, Ms)  # [size(by_axis), ..., s]
-    return y.movedim((0, -1), (by_axis, axis))
+    return y.movedim((0, -1), (by_axis, axis))  # same shape as x
 
 
 def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, residual_is_perm: bool) -> Params:
@@ -92,7 +92,7 @@ def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, 
             for a in acts:
                 if a.role in ("perm", "perm_kv") and a.group in mats:
                     P = mats[a.group][a.role].to(x.device, x.dtype)
-                    x = (x.movedim(axis, -1) @ P.T).movedim(-1, axis)
+                    x = (x.movedim(axis, -1) @ P.T).movedim(-1, axis)  # same shape
         for axis, acts in enumerate(ps.axes):
             for a in acts:
                 m = mats.get(a.group)
@@ -106,7 +106,7 @@ def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, 
                     s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
                     x = x * s if a.role == "scale" else x / s
                 elif a.role == "norm" and residual_is_perm:  # gains follow a permutation, are folded otherwise
-                    x = (x.movedim(axis, -1) @ m["right"].to(x.device, x.dtype)).movedim(-1, axis)
+                    x = (x.movedim(axis, -1) @ m["right"].to(x.device, x.dtype)).movedim(-1, axis)  # same shape
         out[key] = x
     return out
 

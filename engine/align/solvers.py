@@ -151,7 +151,7 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
     c0 = float(P_A.square().sum() + Q_A.square().sum())
 
     def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
-        A = x.reshape(n, d, d)
+        A = x.reshape(n, d, d)  # [n, d, d] from scipy's flat vector
         try:
             B = np.linalg.inv(A).transpose(0, 2, 1)  # A^{-T}
         except np.linalg.LinAlgError:
@@ -160,12 +160,12 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
              - 2 * (B * g["qa"]).sum() + (B * (g["qq"] @ B)).sum())
         G_B = 2 * (g["qq"] @ B - g["qa"])
         G = 2 * (g["pp"] @ A - g["pa"]) - B @ G_B.transpose(0, 2, 1) @ B  # d/dA of the B term: -B G_B^T B
-        return float(f), G.reshape(-1)
+        return float(f), G.reshape(-1)  # [n*d*d]
 
     with threadpool_limits(1):  # d x d products: BLAS threads are pure overhead (20x slower on a busy machine)
-        res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",
+        res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
                        options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
-    A = torch.from_numpy(res.x.reshape(n, d, d).copy())
+    A = torch.from_numpy(res.x.reshape(n, d, d).copy())  # [n, d, d]
     ok = torch.isfinite(A).all((-2, -1))
     A = torch.where(ok[:, None, None], A, A0)
     ok = (torch.linalg.cond(A) < 1e10) & (per_stack(A) < f0)  # [n]: each stack keeps the better of the two

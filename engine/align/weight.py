@@ -87,6 +87,7 @@ def _sqdist(X: Tensor, Y: Tensor) -> Tensor:
 
 
 def match_heads(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
+    """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits."""
     Ma, Na = circuits(arch, pa, layer)
     Mb, Nb = circuits(arch, pb, layer)
     cost = _sqdist(Ma, Mb) + _sqdist(Na, Nb)  # [h_A, h_B]
@@ -184,7 +185,7 @@ def residual_rows(spec: Spec, p: Params, with_norms: bool) -> list[tuple[str, Te
     for key, axis, act in spec.axes_of("residual"):
         if act.role == "norm" and not with_norms:
             continue
-        X = p[key].movedim(axis, -1)
+        X = p[key].movedim(axis, -1)  # [..., D]
         out.append((key, X.reshape(-1, X.shape[-1])))  # [N, D]
     return out
 

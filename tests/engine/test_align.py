@@ -342,7 +342,7 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "cache" / "manifest.json").read_text())["records"]) == len(METHODS)
 
 
-def test_copy_is_not_needed_for_naive():
+def test_naive_keeps_the_original_models():
     a = build(tiny(), seed=0)
     al = align(a, copy.deepcopy(a), "naive")
     assert al.model_a is a and al.classes == frozenset()
