@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from engine.data import default_splits, digits_sha256
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for
 from engine.interpolate import LinearPath, Progress, check_same_architecture, interpolate
@@ -42,6 +44,9 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     t_load = time.perf_counter() - t0
     if cfg.method not in METHODS:
         raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    # The record and its hash carry the budget and data actually used, not the "default" markers.
+    data = digits_sha256() if a.arch.task == "vit" else default_splits().sha256
+    cfg = replace(cfg, steps=cfg.steps or METHODS[cfg.method].default_steps, data_sha256=data)
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed)
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress)
