@@ -35,12 +35,12 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("naive", "Naive (no alignment)", "Frankle et al. 2020, linear mode connectivity", align_naive, False),
-    Method("weight", "Weight matching", "Ainsworth et al. 2023 (Git Re-Basin), extended to heads, "
+    Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive, False),
+    Method("weight", "Weight matching", "Git Re-Basin (ICLR 2023), extended to heads, "
            "within-head maps and the residual stream (MATH.md section 4)", align_weights, False),
-    Method("activation", "Activation matching", "Ainsworth et al. 2023 (Git Re-Basin); Singh & Jaggi 2020",
+    Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
            align_activations, True),
-    Method("learned", "Learned matching (one-sided)", "Ainsworth et al. 2023 (Git Re-Basin), straight-through "
+    Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
            "estimator", align_learned, True, DEFAULT_STEPS),
     Method("dual", "Dual learned matching", "MATH.md section 4: both endpoints learn toward the shared path",
            align_dual, True, DEFAULT_STEPS),

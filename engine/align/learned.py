@@ -1,5 +1,5 @@
 """Learned matching: optimise the transform on the task loss of the interpolated model
-(MATH.md section 4; Ainsworth et al. 2023, "Git Re-Basin", straight-through estimator).
+(MATH.md section 4; "Git Re-Basin", ICLR 2023, straight-through estimator).
 
     min over latents  E_{lam ~ U(0.4, 0.6)}  L((1 - lam) theta_A + lam g(theta_B))
 

@@ -153,7 +153,7 @@ def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 ENTRY = Family(
     name=FAMILY,
     display_name=DISPLAY,
-    reference="Radford et al. 2019 (GPT-2); transformers.GPT2LMHeadModel",
+    reference="GPT-2 (2019); transformers.GPT2LMHeadModel",
     detect=detect, load=load, save=save, to_canonical=to_canonical,
     from_canonical=from_canonical, logits=logits,
 )

@@ -216,7 +216,7 @@ def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 ENTRY = Family(
     name=FAMILY,
     display_name=DISPLAY,
-    reference="Touvron et al. 2023 (LLaMA); RoPE: Su et al. 2021; transformers.LlamaForCausalLM",
+    reference="LLaMA (2023); RoPE: RoFormer (2021); transformers.LlamaForCausalLM",
     detect=detect, load=load, save=save, to_canonical=to_canonical,
     from_canonical=from_canonical, logits=logits,
 )

@@ -109,7 +109,7 @@ class RefConfig:
 
 
 def sinusoidal_table(n_pos: int, d: int, dtype=torch.float32) -> torch.Tensor:
-    """Vaswani et al. (2017): P[t, 2i] = sin(t / 10000^(2i/d)), P[t, 2i+1] = cos(...)."""
+    """Attention Is All You Need (2017): P[t, 2i] = sin(t / 10000^(2i/d)), P[t, 2i+1] = cos(...)."""
     pos = torch.arange(n_pos, dtype=torch.float64)[:, None]  # [T, 1]
     inv = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)  # [d/2]
     P = torch.zeros(n_pos, d, dtype=torch.float64)
@@ -377,7 +377,7 @@ def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 ENTRY = Family(
     name=FAMILY,
     display_name="Reference Transformer (PE-switchable)",
-    reference="Pre-norm Transformer (GPT-2 / ViT style); RoPE: Su et al. 2021; sinusoidal: Vaswani et al. 2017",
+    reference="Pre-norm Transformer (GPT-2 / ViT style); RoPE: RoFormer (2021); sinusoidal: Attention Is All You Need (2017)",
     detect=detect, load=load, save=save, to_canonical=to_canonical,
     from_canonical=from_canonical, logits=logits,
 )

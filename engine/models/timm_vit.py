@@ -1,6 +1,6 @@
 """timm ViT (`timm.models.vision_transformer.VisionTransformer`), class-token classifier.
 
-Supported: the original ViT (Dosovitskiy et al. 2021) as timm builds it: Conv2d patch embedding,
+Supported: the original ViT (An Image is Worth 16x16 Words, ICLR 2021) as timm builds it: Conv2d patch embedding,
 class token, learned position embedding covering the class position too, pre-norm blocks with a
 fused qkv projection, LayerNorm, exact-GELU MLP, final LayerNorm, linear head on the class token.
 Every other timm option (register tokens, layer-scale, qk-norm, average pooling, ...) is refused by
@@ -327,7 +327,7 @@ def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 ENTRY = Family(
     name=FAMILY,
     display_name=DISPLAY,
-    reference="Dosovitskiy et al. 2021 (ViT); timm.models.vision_transformer.VisionTransformer",
+    reference="An Image is Worth 16x16 Words (ViT, ICLR 2021); timm.models.vision_transformer.VisionTransformer",
     detect=detect, load=load, save=save, to_canonical=to_canonical,
     from_canonical=from_canonical, logits=logits,
 )
