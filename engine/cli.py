@@ -115,8 +115,10 @@ def cmd_align(args) -> None:
 
 def cmd_cache(args) -> None:
     from engine.api import build_cache
+    from engine.zoo import pairs
 
-    build_cache(methods=args.methods, eval_items=args.eval_items)
+    only = [(a, b) for a, b in pairs() if not args.only or a in args.only or b in args.only]
+    build_cache(methods=args.methods, eval_items=args.eval_items, only=only)
 
 
 def cmd_symmetry(args) -> None:
@@ -180,7 +182,9 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
     p.add_argument("action", choices=["build"])
     p.add_argument("--methods", nargs="*", default=None)
-    p.add_argument("--eval-items", type=int, default=None)
+    p.add_argument("--eval-items", type=int, default=None,
+                   help="override the scored tokens / images (default: 65,536 tokens, all test images)")
+    p.add_argument("--only", nargs="*", help="zoo names: build only the pairs containing them")
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("symmetry", help="symmetry-group diagnostics of a model")
