@@ -111,7 +111,7 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
             marker={"symbol": "line-ew", "size": 14, "line": {"width": 2, "color": colour}},
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
-    fig.update_layout(yaxis={"title": {"text": f"Test loss ({unit})"}, "tickformat": ".3f"},
+    fig.update_layout(yaxis={"title": {"text": f"Test loss ({unit})"}},
                       **_common_layout(title))
     return fig
 

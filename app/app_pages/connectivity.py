@@ -90,7 +90,7 @@ def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
     for rec in recs:
         unit = figures.loss_unit(rec)
         cols = st.columns([1.3, 1, 1, 1, 1] + ([1] if vit else []))
-        cols[0].markdown(f"**{names.get(rec['method'], rec['method'])}**  \n{unit}")
+        cols[0].markdown(f"**{names.get(rec['method'], rec['method'])}**  \n:gray[{unit}]")
         delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
         cols[1].metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
                        help=f"Largest rise of the loss above the chord between the endpoint losses ({unit}).")
