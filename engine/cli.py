@@ -117,8 +117,34 @@ def cmd_cache(args) -> None:
     from engine.api import build_cache
     from engine.zoo import pairs
 
+    if args.action == "table":
+        print(cache_table())
+        return
     only = [(a, b) for a, b in pairs() if not args.only or a in args.only or b in args.only]
     build_cache(methods=args.methods, eval_items=args.eval_items, only=only)
+
+
+def cache_table() -> str:
+    """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method."""
+    from engine.align import METHODS
+    from engine.results import cached_record
+    from engine.zoo import pairs
+
+    head = "| pair | " + " | ".join(m.display_name for m in METHODS.values()) + " |"
+    rows = [head, "|---" * (len(METHODS) + 1) + "|"]
+    for a, b in pairs():
+        cells = []
+        for m in METHODS:
+            r = cached_record(a, b, m)
+            if r is None:
+                cells.append("-")
+                continue
+            cell = f"{r['barrier']:.3f} / {r['midpoint_barrier']:.3f}"
+            if r.get("accuracy_drop") is not None:
+                cell += f" ({100 * r['accuracy_drop']:.1f} pt)"
+            cells.append(cell)
+        rows.append(f"| {a} / {b} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
 
 
 def cmd_symmetry(args) -> None:
@@ -180,7 +206,7 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_align)
 
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
-    p.add_argument("action", choices=["build"])
+    p.add_argument("action", choices=["build", "table"])
     p.add_argument("--methods", nargs="*", default=None)
     p.add_argument("--eval-items", type=int, default=None,
                    help="override the scored tokens / images (default: 65,536 tokens, all test images)")
