@@ -84,23 +84,27 @@ def run_live(sel: sidebar.Selection, eval_items: int | None) -> dict | None:
 
 
 def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
-    """One row of metrics per cached method; aligned methods show their change against naive."""
+    """A column per cached method (its chart colour beside the name), aligned ones against naive;
+    the endpoints once below: alignment moves B to an equivalent model, so all methods share them."""
     base = next((r for r in recs if r["method"] == "naive"), None)
-    vit = any(r.get("accuracy") for r in recs)
-    for rec in recs:
-        unit = figures.loss_unit(rec)
-        cols = st.columns([1.3, 1, 1, 1, 1] + ([1] if vit else []))
-        cols[0].markdown(f"**{names.get(rec['method'], rec['method'])}**  \n:gray[{unit}]")
-        delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
-        cols[1].metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
-                       help=f"Largest rise of the loss above the chord between the endpoint losses ({unit}).")
-        cols[2].metric("Midpoint barrier", f"{rec['midpoint_barrier']:.4f}",
-                       help=f"Loss minus chord at λ = 0.5 ({unit}).")
-        cols[3].metric("Loss A", f"{rec['endpoint_loss_a']:.4f}", help=f"Test loss of model A ({unit}).")
-        cols[4].metric("Loss B", f"{rec['endpoint_loss_b']:.4f}", help=f"Test loss of model B ({unit}).")
-        if vit and rec.get("accuracy"):
-            cols[5].metric("Accuracy drop", f"{100 * rec['accuracy_drop']:.1f} pt",
-                           help="Largest fall of test accuracy below the chord between the endpoint accuracies.")
+    unit = figures.loss_unit(recs[0])
+    for col, rec in zip(st.columns(max(len(recs), 4)), recs):
+        with col:
+            dot = f'<span style="color:{figures.method_colour(rec["method"])}">●</span>'
+            st.markdown(f"{dot} **{names.get(rec['method'], rec['method'])}**", unsafe_allow_html=True)
+            delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
+            st.metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
+                      help=f"Largest rise of the loss above the chord between the endpoint losses, in {unit}.")
+            st.metric("Midpoint barrier", f"{rec['midpoint_barrier']:.4f}",
+                      help=f"Loss minus chord at λ = 0.5, in {unit}.")
+            if rec.get("accuracy"):
+                st.metric("Accuracy drop", f"{100 * rec['accuracy_drop']:.1f} pt",
+                          help="Largest fall of test accuracy below the chord between the endpoint accuracies.")
+    r = base or recs[0]
+    ends = f"Barriers in {unit}. Endpoint test loss: A {r['endpoint_loss_a']:.4f}, B {r['endpoint_loss_b']:.4f}"
+    if r.get("accuracy"):
+        ends += f"; accuracy: A {100 * r['accuracy'][0]:.1f} %, B {100 * r['accuracy'][-1]:.1f} %"
+    st.caption(ends + ".")
 
 
 def eval_caption(recs: list[dict]) -> str:
