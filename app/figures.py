@@ -135,7 +135,8 @@ def _common_layout(title: str) -> dict:
         "title": {"text": title} if title else None,
         "xaxis": {"title": {"text": LAMBDA_AXIS}, "range": [-0.03, 1.03], "tickvals": LAMBDA_TICKS},
         "hovermode": "x unified",
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
-        "margin": {"l": 10, "r": 10, "t": 60 if title else 40, "b": 10},
+        # below the axis: with several methods a legend on top wraps into the title
+        "legend": {"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0},
+        "margin": {"l": 10, "r": 10, "t": 50 if title else 20, "b": 10},
         "height": 420,
     }
