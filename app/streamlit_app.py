@@ -21,6 +21,8 @@ st.set_page_config(page_title="LMC Explorer", page_icon="📈", layout="wide")
 
 page = st.navigation([
     st.Page("app_pages/connectivity.py", title="Connectivity", icon=":material/show_chart:", default=True),
+    st.Page("app_pages/alignment.py", title="Alignment", icon=":material/compare_arrows:"),
+    st.Page("app_pages/symmetry.py", title="Symmetry", icon=":material/change_circle:"),
 ])
 sidebar.render()
 page.run()

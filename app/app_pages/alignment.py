@@ -1,0 +1,253 @@
+"""Alignment: the group element that moves model B onto model A, shown layer by layer.
+
+For the sidebar's pair and method it opens the cached record (or the Connectivity page's live run of
+the same pair and method) and draws the record's `alignment` field: head and neuron permutations,
+within-head maps, the residual map, matching cost before and after, and the method's own diagnostics.
+Everything drawn is already in the record; the engine is not run here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from app import figures, sidebar
+from engine import zoo
+from engine.align import CLASSES
+from engine.errors import LMCError
+from engine.results import cache_dir, cache_file, cached_record
+
+# What each symmetry class lets an aligner change (MATH.md sections 1-3), in the reader's words.
+CLASS_INFO = {
+    "heads": "which of B's attention heads plays each of A's heads (with grouped-query attention: whole "
+             "KV groups, then query heads within a group)",
+    "mlp": "which of B's hidden MLP neurons plays each of A's neurons",
+    "mlp_scale": "a scale per hidden neuron, undone in the output weights (ReLU: positive; SwiGLU: the up branch)",
+    "qk": "a map A inside each KV group on queries, undone on keys as A⁻ᵀ: any invertible map without RoPE, "
+          "one complex scalar per frequency pair with RoPE",
+    "vo": "an invertible map B inside each KV group on values, undone in the output projection",
+    "residual_perm": "a permutation of the residual-stream coordinates",
+    "residual_orth": "a rotation Ω of the whole residual stream (the norm gains are folded into the readers first)",
+}
+SIDES = {"relative": "g_A⁻¹ g_B: B moved onto A (what the path uses)", "a": "g_A: A's own transform"}
+
+
+@st.cache_data(show_spinner=False)
+def load_record(model_a: str, model_b: str, method: str, store: str, stamp: int) -> dict | None:
+    """The cached record of one pair and method; `stamp` (the file's mtime) renews it after a rebuild."""
+    return cached_record(model_a, model_b, method, Path(store))
+
+
+def cached(sel: sidebar.Selection) -> dict | None:
+    if sel.custom:
+        return None  # the store is keyed by zoo names; directories only ever run live
+    f = cache_file(sel.model_a, sel.model_b, sel.method, cache_dir())
+    stamp = f.stat().st_mtime_ns if f.is_file() else 0
+    return load_record(sel.model_a, sel.model_b, sel.method, str(cache_dir()), stamp)
+
+
+def live(sel: sidebar.Selection) -> dict | None:
+    """The Connectivity page's live run of this pair and method, if it made one this session."""
+    return st.session_state.get("live_runs", {}).get((sel.model_a, sel.model_b), {}).get(sel.method)
+
+
+def pick_record(sel: sidebar.Selection) -> dict | None:
+    try:
+        rec_cached = cached(sel)
+    except LMCError as e:
+        st.error(str(e))
+        rec_cached = None
+    rec_live = live(sel)
+    if rec_cached and rec_live:
+        source = st.radio("Record", ["live", "cached"], horizontal=True, key="align_source",
+                          format_func={"live": "live run (Connectivity page)", "cached": "cached result"}.get)
+        return rec_live if source == "live" else rec_cached
+    return rec_live or rec_cached
+
+
+def classes_table(rec: dict) -> None:
+    """Which symmetry classes the aligner used, what each one moves, and whether the run was an ablation."""
+    al = rec["alignment"]
+    used, groups = al.get("classes", []), al.get("groups", {})
+    asked = tuple(rec.get("config", {}).get("classes") or ())
+    if rec["method"] == "naive":
+        st.markdown("**Classes used: none.** Naive interpolation moves nothing: B is interpolated as trained, "
+                    "the baseline every aligner is measured against.")
+    elif asked:
+        st.markdown(f"**Ablation:** the run was restricted to {', '.join(f'`{c}`' for c in asked)}. "
+                    "Compare its barrier with a default run on the Connectivity page to see what the other "
+                    "classes contribute.")
+    else:
+        st.markdown("**Default classes:** every exact symmetry of this architecture, with the residual stream as a "
+                    "rotation where the norms fold (RMSNorm) and as a permutation otherwise. To measure what one "
+                    "class contributes, rerun with fewer: `python -m engine align A B --method "
+                    f"{rec['method']} --classes heads mlp`.")
+    approx = set(rec.get("endpoint_check", {}).get("approximate_classes") or [])
+    # A markdown table wraps its long cells, where a dataframe would cut them off.
+    lines = ["| | class | group | what it lets the aligner change |", "|---|---|---|---|"]
+    for c in sorted(CLASSES, key=lambda c: c not in used):
+        group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else "*not used*"
+        lines.append(f"| {'✓' if c in used else '–'} | `{c}` | {group} | {CLASS_INFO.get(c, '')} |")
+    st.markdown("\n".join(lines))
+
+
+def summary(rec: dict) -> None:
+    al, check = rec["alignment"], rec.get("endpoint_check") or {}
+    res = (al.get("element") or {}).get("residual", {})
+    unit = figures.loss_unit(rec)
+    cols = st.columns(4)
+    cols[0].metric("Barrier", f"{rec['barrier']:.4f}", help=f"Largest rise of the test loss above the chord, {unit}.")
+    cols[1].metric("Alignment time", f"{al.get('seconds', 0):.1f} s")
+    if check:
+        cols[2].metric("Endpoint check", "exact" if check.get("exact") else "approximate",
+                       f"{check.get('rel_diff', 0):.1e} relative", delta_color="off", delta_arrow="off",
+                       help="Test loss of the moved B against B as trained: an exact symmetry leaves it unchanged "
+                            f"up to float error (tolerance {check.get('tolerance', 0):g}).")
+    if res.get("kind") == "orthogonal":
+        cols[3].metric("Ω from identity", f"{res['distance_from_identity']:.2f}",
+                       help="Frobenius distance ‖Ω − I‖ of the residual rotation; a random rotation of "
+                            f"R^{len(res['matrix'])} sits near {(2 * len(res['matrix'])) ** 0.5:.1f}.")
+    else:
+        cols[3].metric("Residual map", res.get("kind", "none"))
+
+
+def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> None:
+    arch, layers = rec["arch"], element["layers"]
+    st.markdown("**Matching cost per layer.** The normalised squared distance between A's and B's weights "
+                "(1: unrelated, 0: identical) before alignment and after the method moved B.")
+    st.plotly_chart(figures.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
+                                                 names.get(rec["method"], rec["method"])), key="cost_chart")
+    st.markdown("**Head permutations, every layer.** A filled cell pairs A's head (row) with the B head "
+                "(column) it is interpolated with; the diagonal would mean no head moved."
+                + (" Outlined blocks are KV groups: query heads move only with their group." if
+                   arch["n_kv_heads"] < arch["n_heads"] else ""))
+    st.plotly_chart(figures.head_permutations_overview([L["head_perm"] for L in layers], arch["n_kv_heads"], colour),
+                    key="heads_overview")
+    left, right = st.columns(2, gap="large")
+    with left:
+        st.markdown(f"**MLP neurons moved.** Share of the {arch['d_mlp']:,} hidden neurons per layer whose B "
+                    "partner has another index.")
+        st.plotly_chart(figures.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
+    with right:
+        res = element.get("residual", {})
+        fig = figures.residual_figure(res, colour)
+        st.markdown(f"**Residual map** ({res.get('kind', 'none')}).")
+        if fig is None:
+            st.caption("The identity: the residual stream was not aligned.")
+        else:
+            st.caption("|Ω| with A's coordinates on the rows; a permutation would be one cell per row.")
+            st.plotly_chart(fig, key="residual_map")
+
+
+def layer_detail(rec: dict, element: dict, colour: str) -> None:
+    arch, layers, used = rec["arch"], element["layers"], rec["alignment"].get("classes", [])
+    i = st.select_slider("Layer", list(range(len(layers))), key="align_layer") if len(layers) > 1 else 0
+    L = layers[i]
+    left, right = st.columns(2, gap="large")
+    with left:
+        st.plotly_chart(figures.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
+                                                        f"Head permutation, layer {i}"), key="head_perm")
+    with right:
+        st.plotly_chart(figures.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
+                        key="mlp_perm")
+        st.caption(f"{100 * figures.moved_fraction(L['mlp_perm']):.0f} % of the {len(L['mlp_perm']):,} neurons moved.")
+    st.markdown("**Within-head maps**")
+    if "rope_scalars" in L:
+        left, right = st.columns(2, gap="large")
+        with left:
+            z = L["rope_scalars"]
+            st.plotly_chart(figures.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
+                                                        f"Q/K: RoPE complex scalars, layer {i}"), key="rope_scalars")
+            st.caption("RoPE leaves the Q/K map one complex number z = r·e^{iφ} per frequency pair: q turns by φ "
+                       "and scales by r, k turns by φ and scales by 1/r. r = 1, φ = 0 is no change.")
+        with right:
+            if L.get("vo_singular_values"):
+                st.plotly_chart(figures.singular_values_figure({"V/O map": L["vo_singular_values"]}),
+                                key="singular_values")
+                st.caption("V/O may be any invertible map: its singular values say how far from a rotation it is "
+                           "(all ones).")
+    elif L.get("qk_singular_values") or L.get("vo_singular_values"):
+        maps = {"Q/K map": L.get("qk_singular_values"), "V/O map": L.get("vo_singular_values")}
+        st.plotly_chart(figures.singular_values_figure(maps), key="singular_values")
+        st.caption("Without RoPE both maps may be any invertible d × d matrix (GL(d)); singular values all one "
+                   "would be a rotation.")
+    else:
+        st.caption("Not aligned: " + ("the method moves no weights." if rec["method"] == "naive" else
+                   "the run used neither the `qk` nor the `vo` class."))
+    missing = [c for c in ("qk", "vo") if c in used and not L.get(f"{c}_singular_values")]
+    if missing:
+        st.caption(f"The record carries no maps for {', '.join(missing)}.")
+
+
+def diagnostics(rec: dict, names: dict[str, str]) -> None:
+    d, method = rec["alignment"].get("diagnostics") or {}, rec["method"]
+    unit = figures.loss_unit(rec)
+    if d.get("sweeps"):
+        st.markdown(f"**Coordinate descent** stopped after {len(d['sweeps'])} sweeps: heads, within-head maps and "
+                    "neurons per layer, then the residual map, until the permutations hold and the objective stalls.")
+        st.plotly_chart(figures.sweeps_figure(d["sweeps"], method), key="sweeps_chart")
+    if d.get("mlp_matched_correlation"):
+        st.markdown(f"**Activation statistics** over {d.get('tokens', 0):,} tokens: the mean correlation of each "
+                    "A neuron with the B neuron it was matched to.")
+        st.plotly_chart(figures.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
+    if d.get("history"):
+        st.markdown(f"**Optimisation** ({d.get('steps', '?')} steps, Adam on the transform's latents, the models "
+                    f"frozen): the kept transform is the one with the best validation loss, step "
+                    f"{d.get('best_step', '?')}, {d.get('best_val_midpoint_loss', float('nan')):.4f} {unit}.")
+        st.plotly_chart(figures.history_figure(d, method, unit, names), key="history_chart")
+    ident = d.get("identity")
+    if ident:
+        st.markdown("**Dual / one-sided identity** (MATH.md section 4). Every action is linear and exact, so the "
+                    "dual path's loss equals the one-sided loss of the relative transform g_A⁻¹ g_B at every λ.")
+        c = st.columns(3)
+        c[0].metric("Loss, max relative gap", f"{ident['max_relative_error']:.1e}")
+        c[1].metric("Logits, max relative gap", f"{ident.get('max_logit_relative_error', float('nan')):.1e}")
+        one = d.get("one_sided_same_budget")
+        if one:
+            c[2].metric("Dual − one-sided", f"{one['dual_minus_one_sided']:+.4f}", delta_color="off",
+                        help=f"Best validation midpoint loss ({unit}) at the same {one['steps']} steps: a difference "
+                             "is an optimisation effect, not a different optimum.")
+        st.dataframe([{"λ": lam, "dual": a, "one-sided": b}
+                      for lam, a, b in zip(ident["lambdas"], ident["loss_dual"], ident["loss_one_sided"])],
+                     hide_index=True)
+    if not (d.get("sweeps") or d.get("mlp_matched_correlation") or d.get("history")):
+        st.caption("Nothing to show: the method has no iterations." if method == "naive" else
+                   "The record carries no diagnostics for this method.")
+
+
+st.title("Alignment")
+st.caption("The group element g that moves model B onto model A before the two are interpolated: which heads and "
+           "neurons are paired, the maps inside each head, the rotation of the residual stream. Since g is a "
+           "symmetry, g·θ_B computes exactly what θ_B does; only the path between the models changes.")
+
+sel = sidebar.selection()
+names = sidebar.methods()
+st.subheader(sel.title)
+if sel.model_a and sel.model_b:
+    st.caption(f"Model A `{zoo.display_name(sel.model_a)}`, model B `{zoo.display_name(sel.model_b)}`, "
+               f"{names.get(sel.method, sel.method)}.")
+rec = pick_record(sel)
+if rec is None:
+    st.info(f"No record of {names.get(sel.method, sel.method)} for this pair: press **Run** on the Connectivity "
+            "page (its result appears here), or precompute it with `python -m engine cache build --methods "
+            f"{sel.method}`.")
+elif not rec.get("alignment"):
+    st.warning("This record has no alignment field: it was written before the aligners recorded their element.")
+else:
+    colour = figures.method_colour(rec["method"])
+    summary(rec)
+    classes_table(rec)
+    element = rec["alignment"]["element"]
+    if rec["alignment"].get("element_a"):
+        side = st.radio("Transform", list(SIDES), format_func=SIDES.get, horizontal=True, key="align_side",
+                        help="Dual matching moves both models toward a shared path; interpolating between "
+                             "g_A·θ_A and g_B·θ_B is the same as between θ_A and g_A⁻¹ g_B·θ_B.")
+        element = rec["alignment"]["element_a"] if side == "a" else element
+    tab_all, tab_layer, tab_opt = st.tabs(["All layers", "One layer", "Method diagnostics"])
+    with tab_all:
+        overview(rec, element, colour, names)
+    with tab_layer:
+        layer_detail(rec, element, colour)
+    with tab_opt:
+        diagnostics(rec, names)

@@ -1,0 +1,259 @@
+"""Symmetry: which weight changes leave a Transformer's function unchanged, and how the positional
+encoding shapes that group.
+
+Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2). With weights the engine
+checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
+the break tests (maps from larger groups that must change them); a config alone gives the group
+dimensions, instantly. All numbers come from `engine.diagnostics.symmetry_report` (MATH.md, with the
+corrections in docs/MATH_NOTES.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import streamlit as st
+
+from app import figures, sidebar
+from engine import zoo
+from engine.diagnostics import EXACT_TOL, group_dimension, sinusoidal_spectrum, symmetry_report
+from engine.errors import LMCError
+from engine.models.base import Arch
+
+# Published shapes as HF config dicts: symmetry_report(..., dims_only=True) needs no weights.
+PRESETS = {
+    "GPT-2 small": {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+                    "vocab_size": 50257},
+    "Llama-2-7B": {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                   "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+                   "vocab_size": 32000, "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+    "Llama-2-70B (grouped-query)": {"model_type": "llama", "hidden_size": 8192, "intermediate_size": 28672,
+                                    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+                                    "max_position_embeddings": 4096, "vocab_size": 32000, "rms_norm_eps": 1e-5,
+                                    "rope_theta": 10000.0},
+}
+SOURCES = {"zoo": "Zoo model", "dir": "Model directory", "preset": "Preset config"}
+PES = ("none", "learned", "sinusoidal", "rope")
+
+INTRO = """
+A **symmetry** is a change of the weights that leaves the model's function exactly unchanged: relabel the
+attention heads or the MLP neurons (permutations), put an invertible map A inside a head on the queries and
+undo it on the keys (A⁻ᵀ), a map B on the values undone in the output projection, rotate the whole residual
+stream by Ω. Two models trained from different seeds can only be compared, let alone interpolated, after these
+are removed, so the size of the group is the size of the search an aligner faces. The positional encoding
+decides much of it:
+
+| positional encoding | Q/K map per head | V/O map | residual stream | why |
+|---|---|---|---|---|
+| none | GL(d): d² | GL(d): d² | O(D) | nothing positional: attention's vanilla group |
+| learned | GL(d): d² | GL(d): d² | O(D), plus a shift of the embeddings | the table is added before attention, so attention keeps the vanilla group; a constant moved from the token to the position embeddings cancels |
+| sinusoidal | GL(d): d² | GL(d): d² | approximate | the fixed table writes into the residual stream and cannot move: Ω must fix the differences of its rows |
+| RoPE | one complex scalar per frequency pair: d | GL(d): d² | O(D) | the rotation R(n − m) sits between q and k; only maps commuting with every such rotation survive |
+"""
+
+NOTES = """
+Corrections to the reference maths (docs/MATH_NOTES.md), all measured: a LayerNorm model keeps every rotation that
+fixes the all-ones vector, not just permutations; the key-bias redundancy is h_kv (d − r) dimensions, per KV group
+under grouped-query attention; the learned-PE shift E + 1cᵀ, P − 1cᵀ is exact only with untied embeddings; a
+sinusoidal model with a context T ≤ D keeps an exact O(D − T + 1); how much the wrong RoPE pairing breaks depends
+on the model (0.28-0.88 on random tiny models, 2·10⁻³ on an HF Llama at its default initialisation).
+"""
+
+
+def compare_pes(arch: dict) -> dict[str, dict]:
+    """group_dimension of this shape under each positional encoding (RoPE rotating whole heads)."""
+    a = Arch(**arch)
+    out = {}
+    for pe in PES:
+        rope = pe == "rope"
+        out[pe] = group_dimension(replace(
+            a, pe=pe, rotary_dim=(a.rotary_dim or a.d_head) if rope else 0,
+            rope_layout=(a.rope_layout or "interleaved") if rope else None,
+            rope_base=(a.rope_base or 10000.0) if rope else a.rope_base))
+    return out
+
+
+@st.cache_data(show_spinner=False)
+def diagnose(target: str, dims_only: bool, stamp: int) -> dict:
+    """symmetry_report of a zoo name, a directory or a preset name, with the whole sinusoidal spectrum (the
+    report keeps only its ends) and the same shape's group under every PE. `stamp` renews it when the
+    weights change."""
+    rep = symmetry_report(PRESETS.get(target, target), dims_only=dims_only or target in PRESETS)
+    spectrum = None
+    if rep.get("sinusoidal"):
+        s = rep["sinusoidal"]
+        spectrum = sinusoidal_spectrum(s["n_pos"], s["d_model"], s["rtol"])
+    return {"report": rep, "spectrum": spectrum, "by_pe": compare_pes(rep["arch"])}
+
+
+def built_zoo() -> list[str]:
+    return [n for n, e in zoo.ENTRIES.items() if (e.path / "model.safetensors").is_file()]
+
+
+def stamp_of(path: Path) -> int:
+    for f in (path / "model.safetensors", path / "config.json", path):
+        if f.exists():
+            return f.stat().st_mtime_ns
+    return 0
+
+
+def pick_target() -> tuple[str, bool, int] | None:
+    """(target, dims_only, stamp) from the pickers, or None while there is nothing to diagnose."""
+    left, right = st.columns([2, 3], gap="large")
+    source = left.radio("Diagnose", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="sym_source")
+    with right:
+        return _pick(source)
+
+
+def _pick(source: str) -> tuple[str, bool, int] | None:
+    if source == "preset":
+        name = st.selectbox("Preset", list(PRESETS), key="sym_preset",
+                            help="Published shapes as config dicts: group dimensions only, no weights.")
+        return name, True, 0
+    if source == "dir":
+        path = st.text_input("Model directory", key="sym_dir", placeholder="path/to/model",
+                             help="A directory with config.json (and model.safetensors for the checks).").strip()
+        dims_only = st.checkbox("Dimensions only (config.json, no checks)", key="sym_dims_only")
+        return (path, dims_only, stamp_of(Path(path))) if path else None
+    names = built_zoo()
+    if not names:
+        st.info("The zoo is not built yet: `python -m engine zoo build` trains it into assets/zoo/.")
+        return None
+    a = sidebar.selection().model_a
+    name = st.selectbox("Zoo model", names, index=names.index(a) if a in names else 0, key="sym_model",
+                        help="The sidebar's model A by default.")
+    return name, False, stamp_of(zoo.ENTRIES[name].path)
+
+
+def run(target: str, dims_only: bool, stamp: int) -> dict | None:
+    """The cached engine call; full checks show a status box (seconds to tens of seconds on a busy CPU)."""
+    if dims_only:
+        try:
+            return diagnose(target, True, stamp)
+        except LMCError as e:
+            st.error(str(e))
+            return None
+    error = None
+    with st.status("Checking every symmetry in float64…", expanded=False) as status:
+        try:
+            out = diagnose(target, False, stamp)
+        except LMCError as e:
+            error = str(e)
+            status.update(label="Diagnostics failed", state="error")
+        else:
+            rep = out["report"]
+            status.update(label=f"{len(rep['checks'])} invariance checks, {len(rep['breaks'])} break tests",
+                          state="complete")
+    if error:
+        st.error(error)
+        return None
+    return out
+
+
+def arch_line(a: dict) -> str:
+    rope = f", {a['rope_layout']} pairs, {a['rotary_dim']} of {a['d_head']} dims rotated" if a["pe"] == "rope" else ""
+    kv = f" ({a['n_kv_heads']} KV groups)" if a["n_kv_heads"] < a["n_heads"] else ""
+    return (f"{a['family']} {a['task'].upper() if a['task'] == 'lm' else 'ViT'}: {a['n_layers']} layers, "
+            f"D = {a['d_model']:,}, h = {a['n_heads']}{kv} heads of d = {a['d_head']}, MLP {a['d_mlp']:,} "
+            f"({a['mlp']}), {a['norm']}, context {a['n_ctx']:,}, "
+            f"{figures.PE_NAMES.get(a['pe'], a['pe'])}{rope}"
+            + (", tied embeddings" if a["tied_embeddings"] else "") + ".")
+
+
+def checks_section(rep: dict) -> None:
+    st.subheader("Invariance checks and break tests")
+    if rep["dims_only"]:
+        st.caption("From the config alone: no weights, so no numerical checks. Pick a zoo model or a directory with "
+                   "weights to run them.")
+        return
+    st.markdown(f"Each **symmetry** is applied as random group elements to a float64 copy of the model; the largest "
+                f"relative change of the logits must stay below {EXACT_TOL:.0e} (float error). Each **break test** "
+                "applies a map from a larger group that is *not* a symmetry (GL(d) on a RoPE model's Q/K, the other "
+                "RoPE pairing, GL(D) on the residual, scaling a GELU neuron) and must change the output.")
+    rows = []
+    for r, is_break in [(r, False) for r in rep["checks"]] + [(r, True) for r in rep["breaks"]]:
+        c = r["max_rel_change"]
+        status = figures.check_status(r, is_break)
+        rows.append({"test": "break test" if is_break else "symmetry", "group": r["group"], "transform": r["kind"],
+                     "max relative change": c,
+                     "claimed": {"exact": "exact", "approximate": "approximate", "break": "not a symmetry"}[status],
+                     "exact (measured)": None if c is None else c < EXACT_TOL, "note": r.get("note", "")})
+    st.dataframe(rows, hide_index=True, key="checks_table",
+                 column_config={"max relative change": st.column_config.NumberColumn(format="%.2e"),
+                                "exact (measured)": st.column_config.CheckboxColumn(),
+                                "transform": st.column_config.TextColumn(width="medium"),
+                                "note": st.column_config.TextColumn(width="large")})
+    st.plotly_chart(figures.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
+
+
+def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
+    gd, a = rep["group_dim"], rep["arch"]
+    st.subheader("Group dimension")
+    st.markdown("The continuous part of the group, counted as the number of free parameters in it (the "
+                "permutations of heads, neurons and residual coordinates are discrete: dimension 0). These are "
+                "directions in weight space along which the function does not change at all.")
+    layer0 = gd["per_layer"][0] if gd["per_layer"] else {}
+    c = st.columns(4)
+    c[0].metric("Attention per layer", f"{layer0.get('attention', 0):,}",
+                help="Q/K and V/O maps plus bias redundancies, one layer.")
+    c[1].metric("Q/K per layer", f"{layer0.get('qk', 0):,}")
+    c[2].metric("Residual stream", f"{gd['by_kind'].get('residual_orth', 0):,}")
+    c[3].metric("Total", f"{gd['total']:,}")
+    left, right = st.columns(2, gap="large")
+    with left:
+        st.plotly_chart(figures.group_dim_figure(gd["by_kind"]), key="dims_chart")
+    with right:
+        st.plotly_chart(figures.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
+    for note in gd.get("notes", []):
+        st.caption(f"Note: {note}.")
+    st.markdown(f"**The same shape under each positional encoding.** RoPE shrinks the Q/K part from "
+                f"d² = {a['d_head'] ** 2:,} to d = {a['d_head']} per KV group; a sinusoidal table leaves only "
+                "the rotations fixing its row differences; a learned table adds a shift of the embeddings.")
+    st.plotly_chart(figures.pe_comparison_figure(by_pe), key="pe_chart")
+
+
+def rope_section(rep: dict) -> None:
+    a = rep["arch"]
+    st.subheader("How strongly RoPE breaks GL(d), pair by pair")
+    st.markdown(f"Frequency pair j turns by ω_j = {a['rope_base']:g}^(−2j/r) per position. A Q/K map that mixes the "
+                f"two coordinates of pair j beyond a complex scalar changes attention by about |sin(ω_j n)| at "
+                f"offset n; over a context of T = {a['n_ctx']:,} the worst case is what is drawn. Fast pairs "
+                "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost GL(2) "
+                "is *almost* a symmetry, an approximate symmetry an aligner could still exploit.")
+    st.plotly_chart(figures.rope_breaking_figure(rep["rope"]), key="rope_chart")
+
+
+def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
+    st.subheader("The sinusoidal table's spectrum")
+    s = spectrum
+    exact = rep["group_dim"]["by_kind"].get("residual_orth", 0)
+    st.markdown(f"The fixed table P ({s['n_pos']} positions × D = {s['d_model']}) is written into the residual "
+                "stream and cannot be rotated with it, so an exact residual map must fix every difference of its "
+                f"rows: only {exact:,} of the {full_rotations:,} dimensions of O(D) are left exact. Its singular "
+                f"values fall steeply: {s['n_below_rtol']} of {len(s['singular_values'])} lie below {s['rtol']:g} "
+                f"σ_max (condition number {s['condition']:.1e}), so many of those constraints are almost empty and "
+                "the remaining rotations are *nearly* symmetries. Residual alignment of a sinusoidal model is "
+                "therefore approximate; the endpoint check on the Alignment page reports by how much.")
+    st.plotly_chart(figures.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
+
+
+st.title("Symmetry")
+st.caption("Which weight changes leave a Transformer's function unchanged, checked numerically, and how the "
+           "positional encoding changes that group.")
+with st.expander("Four positional encodings, four symmetry groups", expanded=True):
+    st.markdown(INTRO)
+    st.caption(NOTES)
+
+picked = pick_target()
+out = run(*picked) if picked else None
+if out:
+    rep = out["report"]
+    st.markdown(f"**{zoo.display_name(rep['model']) if picked[0] not in PRESETS else picked[0]}**: "
+                f"{arch_line(rep['arch'])}")
+    checks_section(rep)
+    dims_section(rep, out["by_pe"])
+    if rep.get("rope"):
+        rope_section(rep)
+    if out.get("spectrum"):
+        sinusoidal_section(rep, out["spectrum"], out["by_pe"]["none"]["by_kind"]["residual_orth"])

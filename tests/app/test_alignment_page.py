@@ -1,0 +1,208 @@
+"""The Alignment page under AppTest: what it draws is the record's `alignment` field, number for number.
+
+The store is this module's own: real engine runs (naive, weight, dual) on a tiny grouped-query RoPE pair
+(4 heads in 2 KV groups), so head-permutation blocks, RoPE scalars and the dual diagnostics are all real.
+"""
+
+import base64
+import copy
+import json
+import math
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tiny_zoo
+from streamlit.testing.v1 import AppTest
+
+from app import figures
+from app.sidebar import methods
+from engine import zoo
+from engine.api import run_pair
+from engine.models import save_model
+from engine.models.reference import build
+from engine.results import RunConfig, cached_record, store
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
+PAGE = "app_pages/alignment.py"
+PAIR = ("lm-rope-s0", "lm-rope-s1")
+GQA = replace(tiny_zoo.TINY, pe="rope", n_kv_heads=2)
+TIMEOUT = 60  # the first run imports torch; the machine's cores may be busy
+
+
+def decode_plotly(obj):
+    """Undo plotly>=6 typed-array encoding ({'dtype','bdata','shape'}) recursively."""
+    if isinstance(obj, dict):
+        if "bdata" in obj and "dtype" in obj:
+            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
+            if "shape" in obj:
+                arr = arr.reshape([int(s) for s in str(obj["shape"]).split(",")])
+            return arr
+        return {k: decode_plotly(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [decode_plotly(v) for v in obj]
+    return obj
+
+
+def chart(at, key: str) -> dict:
+    return decode_plotly(json.loads(at.get_by_key(key).proto.spec))
+
+
+def z_of(trace: dict) -> list[list[float]]:
+    return np.asarray(trace["z"], dtype=float).tolist()
+
+
+@pytest.fixture(scope="module")
+def align_store(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny zoo whose RoPE pair has grouped-query attention, and a store of three real runs on it."""
+    zoo_root = tiny_zoo.build_zoo(tmp_path_factory.mktemp("align_zoo"))
+    for name in PAIR:
+        save_model(build(GQA, seed=zoo.ENTRIES[name].seed), zoo_root / name)
+    root = tmp_path_factory.mktemp("align_store")
+    with tiny_zoo.env(LMC_ZOO_DIR=str(zoo_root)):
+        for method, steps in (("naive", 0), ("weight", 0), ("dual", 4)):
+            store(run_pair(RunConfig(*PAIR, method, steps=steps, eval_items=256, points=5)), root)
+    return zoo_root, root
+
+
+@pytest.fixture
+def env(monkeypatch, align_store) -> Path:
+    zoo_root, root = align_store
+    monkeypatch.setenv("LMC_ZOO_DIR", str(zoo_root))
+    monkeypatch.setenv("LMC_CACHE_DIR", str(root))
+    return root
+
+
+def page(method: str, live_runs: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    if live_runs is not None:
+        at.session_state["live_runs"] = live_runs
+    at.switch_page(PAGE).run()
+    at.selectbox(key="pair").select(f"{PAIR[0]}__{PAIR[1]}").run()
+    at.selectbox(key="method").select(method).run()
+    assert not at.exception
+    return at
+
+
+def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
+    rec = cached_record(*PAIR, "weight", env)
+    al, layers = rec["alignment"], rec["alignment"]["element"]["layers"]
+    at = page("weight")
+    assert at.title[0].value == "Alignment"
+    # every layer's head permutation, with its 2 KV groups outlined
+    over = chart(at, "heads_overview")
+    heat = [t for t in over["data"] if t["type"] == "heatmap"]
+    assert [z_of(t) for t in heat] == [figures.permutation_matrix(L["head_perm"]) for L in layers]
+    rects = [s for s in over["layout"]["shapes"] if s["type"] == "rect"]
+    assert len(rects) == 2 * len(layers)
+    # the outlined block of A's group c spans the columns of the B group it takes (kv_perm)
+    first = [s for s in rects if s["xref"] == "x"]
+    assert sorted((round(s["y0"] + 0.5) // 2, round(s["x0"] + 0.5) // 2) for s in first) == \
+        sorted(enumerate(layers[0]["kv_perm"]))
+    # matching cost: the record's numbers, before then after, per layer and the outer part
+    cost = chart(at, "cost_chart")
+    before, after = cost["data"]
+    parts = [f"blocks.{i}" for i in range(len(layers))] + ["outer"]
+    assert list(before["y"]) == [al["matching_cost"]["before"][p] for p in parts]
+    assert list(after["y"]) == [al["matching_cost"]["after"][p] for p in parts]
+    assert after["marker"]["color"] == figures.method_colour("weight")
+    # MLP: share of moved neurons per layer
+    moved = chart(at, "mlp_moved")["data"][0]["y"]
+    assert list(moved) == pytest.approx([100 * figures.moved_fraction(L["mlp_perm"]) for L in layers])
+    # the residual rotation, A's coordinates on the rows: |Omega^T|
+    O = np.array(al["element"]["residual"]["matrix"])
+    assert np.asarray(chart(at, "residual_map")["data"][0]["z"]) == pytest.approx(np.abs(O.T))
+    # classes: every class the run used, with its group
+    text = "\n".join(m.value for m in at.markdown)
+    for c in al["classes"]:
+        assert f"`{c}` | {al['groups'][c]}" in text
+    # the sweep history
+    sweeps = chart(at, "sweeps_chart")["data"][0]
+    assert list(sweeps["y"]) == [s["objective"] for s in al["diagnostics"]["sweeps"]]
+
+
+def test_one_layer_in_detail_follows_the_slider(env):
+    rec = cached_record(*PAIR, "weight", env)
+    layers = rec["alignment"]["element"]["layers"]
+    at = page("weight")
+    for i in (0, 1):
+        at.select_slider(key="align_layer").set_value(i).run()
+        assert not at.exception
+        L = layers[i]
+        assert z_of(chart(at, "head_perm")["data"][0]) == figures.permutation_matrix(L["head_perm"])
+        z, _ = figures.binned_permutation(L["mlp_perm"])
+        assert np.asarray(z_of(chart(at, "mlp_perm")["data"][0])) == pytest.approx(np.asarray(z))
+        polar = chart(at, "rope_scalars")["data"]
+        assert len(polar) == GQA.n_kv_heads  # one trace per KV group
+        for c, t in enumerate(polar):
+            assert list(t["r"]) == L["rope_scalars"]["abs"][c]
+            assert list(t["theta"]) == pytest.approx([math.degrees(p) for p in L["rope_scalars"]["angle"][c]])
+        sv = chart(at, "singular_values")["data"]
+        assert [list(t["y"]) for t in sv] == L["vo_singular_values"]
+
+
+def test_dual_shows_history_identity_and_either_side(env):
+    rec = cached_record(*PAIR, "dual", env)
+    al, d = rec["alignment"], rec["alignment"]["diagnostics"]
+    at = page("dual")
+    hist = chart(at, "history_chart")["data"]
+    assert list(hist[0]["y"]) == d["history"]["val_midpoint_loss"]
+    one_sided = [t for t in hist if t.get("line", {}).get("dash") == "dash"]
+    assert list(one_sided[0]["y"]) == d["one_sided_same_budget"]["history"]["val_midpoint_loss"]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Loss, max relative gap"] == f"{d['identity']['max_relative_error']:.1e}"
+    assert metrics["Dual − one-sided"] == f"{d['one_sided_same_budget']['dual_minus_one_sided']:+.4f}"
+    (table,) = [t.value for t in at.dataframe if "one-sided" in t.value.columns]
+    assert table["dual"].tolist() == d["identity"]["loss_dual"]
+    assert table["one-sided"].tolist() == d["identity"]["loss_one_sided"]
+    # the relative transform first (what the path uses), A's own on request
+    def heat():
+        return [z_of(t) for t in chart(at, "heads_overview")["data"]]
+
+    assert heat() == [figures.permutation_matrix(L["head_perm"]) for L in al["element"]["layers"]]
+    at.radio(key="align_side").set_value("a").run()
+    assert not at.exception
+    assert heat() == [figures.permutation_matrix(L["head_perm"]) for L in al["element_a"]["layers"]]
+
+
+def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
+    cached = cached_record(*PAIR, "weight", env)
+    live = copy.deepcopy(cached)
+    layers = live["alignment"]["element"]["layers"]
+    layers[0]["head_perm"], layers[0]["kv_perm"] = [2, 3, 0, 1], [1, 0]  # a different, valid GQA permutation
+    at = page("weight", live_runs={PAIR: {"weight": live}})
+    assert at.radio(key="align_source").value == "live"
+    assert z_of(chart(at, "head_perm")["data"][0]) == figures.permutation_matrix([2, 3, 0, 1])
+    at.radio(key="align_source").set_value("cached").run()
+    assert not at.exception
+    assert z_of(chart(at, "head_perm")["data"][0]) == \
+        figures.permutation_matrix(cached["alignment"]["element"]["layers"][0]["head_perm"])
+
+
+def test_naive_says_no_class_was_used(env):
+    rec = cached_record(*PAIR, "naive", env)
+    at = page("naive")
+    assert any("Classes used: none" in m.value for m in at.markdown)
+    n = GQA.n_heads
+    assert all(z_of(t) == figures.permutation_matrix(list(range(n))) for t in chart(at, "heads_overview")["data"])
+    assert rec["alignment"]["element"]["residual"]["kind"] == "identity"
+    with pytest.raises(KeyError):
+        at.get_by_key("residual_map")  # nothing to draw for the identity
+
+
+def test_a_method_without_a_record_says_how_to_get_one(env):
+    at = page("activation")
+    assert f"No record of {methods()['activation']}" in at.info[0].value
+    assert not at.get("plotly_chart")
+
+
+def test_a_corrupt_record_is_an_error_not_a_traceback(env, monkeypatch, tmp_path):
+    broken = tmp_path / "store"
+    shutil.copytree(env, broken)
+    (broken / f"{PAIR[0]}__{PAIR[1]}__weight.json").write_text("{not json")
+    monkeypatch.setenv("LMC_CACHE_DIR", str(broken))
+    at = page("weight")
+    assert "is not valid JSON" in at.error[0].value
+    assert not at.get("plotly_chart")
