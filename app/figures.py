@@ -497,7 +497,8 @@ def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
             v = hist["val_midpoint_loss"][hist["step"].index(best)]
             fig.add_trace(go.Scatter(
                 x=[best], y=[v], mode="markers", name="kept (best validation)",
-                marker={"symbol": "star", "size": 16, "color": method_colour(method), "line": {"color": "black", "width": 1}},
+                marker={"symbol": "star", "size": 16, "color": method_colour(method),
+                        "line": {"color": "black", "width": 1}},
                 hovertemplate=f"kept: step %{{x}}, %{{y:.4f}} {unit}<extra></extra>",
             ))
     one = diagnostics.get("one_sided_same_budget")

@@ -219,8 +219,8 @@ def rope_section(rep: dict) -> None:
     st.markdown(f"Frequency pair j turns by ω_j = {a['rope_base']:g}^(−2j/r) per position. A Q/K map that mixes the "
                 f"two coordinates of pair j beyond a complex scalar changes attention by about |sin(ω_j n)| at "
                 f"offset n; over a context of T = {a['n_ctx']:,} the worst case is what is drawn. Fast pairs "
-                "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost GL(2) "
-                "is *almost* a symmetry, an approximate symmetry an aligner could still exploit.")
+                "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost "
+                "GL(2) is *almost* a symmetry, an approximate symmetry an aligner could still exploit.")
     st.plotly_chart(figures.rope_breaking_figure(rep["rope"]), key="rope_chart")
 
 
