@@ -30,3 +30,15 @@ def test_connectivity_page_draws_the_barrier_curve(page, streamlit_url):
     SHOTS.mkdir(exist_ok=True)
     page.locator('[data-testid="stPlotlyChart"]').first.screenshot(path=str(SHOTS / "connectivity_barrier.png"))
     page.screenshot(path=str(SHOTS / "connectivity_page.png"))
+
+
+def test_alignment_page_draws_the_head_permutations(page, streamlit_url):
+    page.goto(streamlit_url + "/alignment")
+    page.wait_for_selector('h1:has-text("Alignment")')
+    # the first pair's cached record: its head permutations drawn as a real heatmap image
+    page.wait_for_selector(CHART + " .heatmaplayer image")
+    wait_idle(page)
+    assert page.locator(EXC).count() == 0
+    assert page.external_requests == []
+    SHOTS.mkdir(exist_ok=True)
+    page.locator('[data-testid="stPlotlyChart"]').nth(1).screenshot(path=str(SHOTS / "alignment_heads.png"))
