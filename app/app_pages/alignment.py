@@ -87,9 +87,21 @@ def classes_table(rec: dict) -> None:
     # A markdown table wraps its long cells, where a dataframe would cut them off.
     lines = ["| | class | group | what it lets the aligner change |", "|---|---|---|---|"]
     for c in sorted(CLASSES, key=lambda c: c not in used):
-        group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else "*not used*"
+        group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else \
+            f"*not used{unused_reason(c, used, rec.get('arch') or {})}*"
         lines.append(f"| {'✓' if c in used else '–'} | `{c}` | {group} | {CLASS_INFO.get(c, '')} |")
     st.markdown("\n".join(lines))
+
+
+def unused_reason(c: str, used: list[str], arch: dict) -> str:
+    """Why a class is missing when the record alone can tell (MATH.md sections 2-3); '' otherwise."""
+    if c == "mlp_scale" and arch.get("mlp") and arch["mlp"] not in ("relu", "swiglu"):
+        return f": not a symmetry of a {arch['mlp']} MLP"
+    if c == "residual_perm" and "residual_orth" in used:
+        return ": the rotations contain it"
+    if c == "residual_orth" and "residual_perm" in used and arch.get("norm") == "layernorm":
+        return ": would rewrite LayerNorm as RMSNorm, out of the model's family"
+    return ""
 
 
 def summary(rec: dict) -> None:

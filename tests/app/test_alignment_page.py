@@ -118,6 +118,8 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     text = "\n".join(m.value for m in at.markdown)
     for c in al["classes"]:
         assert f"`{c}` | {al['groups'][c]}" in text
+    assert "`mlp_scale` | *not used: not a symmetry of a gelu MLP*" in text
+    assert "`residual_perm` | *not used: the rotations contain it*" in text
     # the sweep history
     sweeps = chart(at, "sweeps_chart")["data"][0]
     assert list(sweeps["y"]) == [s["objective"] for s in al["diagnostics"]["sweeps"]]
