@@ -47,16 +47,8 @@ LM_TRAIN = TrainConfig()
 VIT_TRAIN = TrainConfig(steps=4000, batch=64, lr=2e-3, warmup=200, weight_decay=0.05, eval_every=200, augment=True)
 
 
-# The fixed sinusoidal table enters at the scale of the learned position embedding's initialisation
-# (RMS 0.02 per entry): at full scale (row norm 8 against 0.23 for a token embedding) it drowns the
-# tokens after the first norm, and the LM reached only 1.56 nats/byte in 1,000 steps.
-LM_SINUSOIDAL_SCALE = 0.02 * 2**0.5
-
-
 def lm_config(pe: str, **kw) -> RefConfig:
     """The zoo's LM: 4 layers, D 128, 4 heads, context 128, byte-level."""
-    if pe == "sinusoidal":
-        kw.setdefault("sinusoidal_scale", LM_SINUSOIDAL_SCALE)
     return RefConfig(task="lm", n_layers=4, d_model=128, n_heads=4, d_mlp=512, n_ctx=128, pe=pe, **kw)
 
 

@@ -70,7 +70,6 @@ class Arch:
     head_bias: bool
     tied_embeddings: bool
     causal: bool
-    sinusoidal_scale: float = 1.0  # the fixed table enters as sinusoidal_scale * P_sin (pe == "sinusoidal")
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -41,7 +41,6 @@ class RefConfig:
     rope_layout: str = "interleaved"
     rotary_dim: int = 0  # 0: the whole head
     rope_base: float = 10000.0
-    sinusoidal_scale: float = 1.0  # the fixed table is added as sinusoidal_scale * P_sin
     norm: str = "rmsnorm"
     norm_eps: float = 1e-5
     mlp: str = "gelu"
@@ -102,7 +101,6 @@ class RefConfig:
             norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias, out_bias=self.bias,
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
-            sinusoidal_scale=self.sinusoidal_scale,
         )
 
 
@@ -308,7 +306,7 @@ class Transformer(nn.Module):
         if cfg.pe == "learned":
             x = x + self.embed.pos[:T]
         elif cfg.pe == "sinusoidal":
-            x = x + self.cfg.sinusoidal_scale * self.pos_sin[:T].to(x.dtype)
+            x = x + self.pos_sin[:T].to(x.dtype)
         return x
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
