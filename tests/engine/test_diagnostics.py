@@ -190,3 +190,28 @@ def test_sinusoidal_table_is_badly_conditioned():
     sp = sinusoidal_spectrum(128, 128)
     assert sp["n_below_rtol"] > 0 and sp["numerical_rank"] < 128 and sp["condition"] > 1e6
     assert sp["singular_values"] == sorted(sp["singular_values"], reverse=True)
+
+
+@pytest.mark.parametrize("family", ["hf_gpt2", "hf_llama", "timm_vit"])
+def test_symmetry_cli_on_real_ecosystem_directories(tmp_path, capsys, family):
+    from engine.cli import main
+    from engine.models import hf_gpt2, hf_llama, save_model, timm_vit
+
+    build = {
+        "hf_gpt2": lambda: hf_gpt2.build({"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 16,
+                                          "vocab_size": 40}, seed=2),
+        "hf_llama": lambda: hf_llama.build({"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                            "num_hidden_layers": 2, "intermediate_size": 48, "vocab_size": 40,
+                                            "max_position_embeddings": 16}, seed=2),
+        "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "embed_dim": 32,
+                                            "depth": 2, "num_heads": 4, "num_classes": 10}, seed=2),
+    }[family]
+    save_model(build(), tmp_path / family)
+    assert main(["symmetry", str(tmp_path / family), "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["checks"] and all(r["max_rel_change"] <= 1e-10 and r["exact"] for r in rep["checks"])
+    assert {"heads", "qk", "vo", "mlp", "residual_orth"} <= {r["kind"] for r in rep["checks"]}
+    assert rep["group_dim"]["total"] == sum(rep["group_dim"]["by_kind"].values()) > 0
+    assert main(["symmetry", str(tmp_path / family), "--dims-only", "--json"]) == 0
+    dims = json.loads(capsys.readouterr().out)["group_dim"]
+    assert dims["per_layer"] == rep["group_dim"]["per_layer"]
