@@ -210,7 +210,7 @@ def test_symmetry_cli_on_real_ecosystem_directories(tmp_path, capsys, family):
     assert main(["symmetry", str(tmp_path / family), "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["checks"] and all(r["max_rel_change"] <= 1e-10 and r["exact"] for r in rep["checks"])
-    assert {"heads", "qk", "vo", "mlp", "residual_orth"} <= {r["kind"] for r in rep["checks"]}
+    assert {"heads", "qk", "vo", "mlp", "residual_orth"} <= {r["group"] for r in rep["checks"]}
     assert rep["group_dim"]["total"] == sum(rep["group_dim"]["by_kind"].values()) > 0
     assert main(["symmetry", str(tmp_path / family), "--dims-only", "--json"]) == 0
     dims = json.loads(capsys.readouterr().out)["group_dim"]
