@@ -159,13 +159,28 @@ def cmd_symmetry(args) -> None:
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
 
 
+def _items(s: str) -> int | None:
+    if s == "all":
+        return None
+    try:
+        n = int(s.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {s!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {s!r}")
+    return n
+
+
 def _add_path_args(p: argparse.ArgumentParser) -> None:
+    from engine.api import DEFAULT_EVAL_ITEMS
+
     p.add_argument("model_a", help="zoo name (see `zoo list`) or model directory")
     p.add_argument("model_b", help="zoo name or model directory")
     p.add_argument("--points", type=int, default=21, help="grid points on the path, endpoints included")
     p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
-    p.add_argument("--eval-items", type=int, default=None,
-                   help="scored tokens (LM) or images (ViT) per point; default the whole split")
+    p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
+                   help="scored tokens (LM) or images (ViT) per point, or 'all' for the whole split "
+                        "(default 65,536: a third of the LM test split, every test image)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--out", default=None, help="write the result record (JSON) here")
 
@@ -205,11 +220,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--alpha", type=float, default=0.5, help="position of the saved model on the path (0 = A, 1 = B)")
     p.set_defaults(fn=cmd_align)
 
+    from engine.api import DEFAULT_EVAL_ITEMS
+
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
     p.add_argument("action", choices=["build", "table"])
     p.add_argument("--methods", nargs="*", default=None)
-    p.add_argument("--eval-items", type=int, default=None,
-                   help="override the scored tokens / images (default: 65,536 tokens, all test images)")
+    p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
+                   help="scored tokens / images per point, or 'all' (default 65,536: every test image)")
     p.add_argument("--only", nargs="*", help="zoo names: build only the pairs containing them")
     p.set_defaults(fn=cmd_cache)
 
