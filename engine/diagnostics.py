@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,6 +26,7 @@ from torch import Tensor
 from engine.errors import ModelError, SpecError
 from engine.models import canonical, load_model, model_logits, set_canonical
 from engine.models.base import Arch, Model, Params
+from engine.models.io import read_json_object
 from engine.models.reference import RefConfig, build, rope_frequencies, rope_pairs, sinusoidal_table
 from engine.spec import KINDS, Spec, build_spec, check_arch
 from engine.symmetry import (
@@ -515,19 +515,7 @@ def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, 
         m = load_model(path, dtype=torch.float64)
         return m, m.arch, str(path)
     cfg_file = path if path.is_file() else path / "config.json"
-    return None, arch_from_config(_read_json(cfg_file), str(cfg_file)), str(path)
-
-
-def _read_json(f: Path) -> dict:
-    if not f.is_file():
-        raise ModelError(f"{f} does not exist.")
-    try:
-        cfg = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelError(f"{f} is not valid JSON ({e}).") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{f} does not hold a JSON object.")
-    return cfg
+    return None, arch_from_config(read_json_object(cfg_file), str(cfg_file)), str(path)
 
 
 def symmetry_report(model_or_config_path, dims_only: bool = False, k: int = 3, seed: int = 0) -> dict:

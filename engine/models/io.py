@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -24,6 +25,14 @@ def read_config(path: Path) -> dict:
     f = Path(path) / "config.json"
     if not f.is_file():
         raise ModelError(f"Model directory {path} has no config.json.")
+    return read_json_object(f)
+
+
+def read_json_object(f: Path) -> dict:
+    """A JSON file holding an object, with clear errors when it is missing, unreadable or not an object."""
+    f = Path(f)
+    if not f.is_file():
+        raise ModelError(f"{f} does not exist.")
     try:
         cfg = json.loads(f.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -76,14 +85,26 @@ def write_checkpoint(path: Path, config: dict, state: dict[str, torch.Tensor], e
     Everything goes to a temporary sibling directory first, which then replaces `path`, so an
     interrupted save never leaves a half-written checkpoint.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / "model.safetensors"))
         for name, text in (extra or {}).items():
             (tmp / name).write_text(text)
+
+    write_dir_atomic(path, fill)
+
+
+def write_dir_atomic(path: Path, fill: Callable[[Path], None]) -> None:
+    """Run `fill` on a fresh temporary sibling directory of `path`, then swap it in for `path`.
+
+    An interrupted write never leaves a half-written directory: on any error the temporary one is removed.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        fill(tmp)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)

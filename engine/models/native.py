@@ -8,9 +8,6 @@ actually loaded, so importing the registry stays fast.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from engine.errors import ModelError
-from engine.models.io import check_finite, read_config, refuse_pickles
+from engine.models.io import check_finite, read_config, refuse_pickles, write_dir_atomic
 
 if TYPE_CHECKING:
     from torch import nn
@@ -137,24 +134,9 @@ def save_hf(module, path: Path) -> None:
     """`save_pretrained` (safetensors) into a temporary sibling directory, then swapped in.
 
     An interrupted save never leaves a half-written checkpoint (the same pattern as
-    engine.models.io.write_checkpoint).
+    engine.models.io.write_checkpoint, via write_dir_atomic).
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        module.save_pretrained(str(tmp))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    write_dir_atomic(path, lambda tmp: module.save_pretrained(str(tmp)))
 
 
 @contextmanager

@@ -4,9 +4,7 @@ The store is this module's own: real engine runs (naive, weight, dual) on a tiny
 (4 heads in 2 KV groups), so head-permutation blocks, RoPE scalars and the dual diagnostics are all real.
 """
 
-import base64
 import copy
-import json
 import math
 import shutil
 from dataclasses import replace
@@ -15,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tiny_zoo
+from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 
 from app import figures
@@ -30,24 +29,6 @@ PAGE = "app_pages/alignment.py"
 PAIR = ("lm-rope-s0", "lm-rope-s1")
 GQA = replace(tiny_zoo.TINY, pe="rope", n_kv_heads=2)
 TIMEOUT = 60  # the first run imports torch; the machine's cores may be busy
-
-
-def decode_plotly(obj):
-    """Undo plotly>=6 typed-array encoding ({'dtype','bdata','shape'}) recursively."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            if "shape" in obj:
-                arr = arr.reshape([int(s) for s in str(obj["shape"]).split(",")])
-            return arr
-        return {k: decode_plotly(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode_plotly(v) for v in obj]
-    return obj
-
-
-def chart(at, key: str) -> dict:
-    return decode_plotly(json.loads(at.get_by_key(key).proto.spec))
 
 
 def z_of(trace: dict) -> list[list[float]]:

@@ -4,13 +4,11 @@ Most tests run on the tiny stand-in zoo and store (tiny_zoo.py); one checks the 
 cached_results/ when they hold a record.
 """
 
-import base64
-import json
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
+from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
@@ -22,24 +20,6 @@ from engine.results import CACHE, cached_record, list_cached
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 NAIVE = methods()["naive"]  # legend name of the baseline curve, from the engine's registry
 TIMEOUT = 60  # generous: the first run imports torch, and the machine's cores may be busy training
-
-
-def decode_plotly(obj):
-    """Undo plotly>=6 typed-array encoding ({'dtype','bdata','shape'}) recursively."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            if "shape" in obj:
-                arr = arr.reshape([int(s) for s in str(obj["shape"]).split(",")])
-            return arr
-        return {k: decode_plotly(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode_plotly(v) for v in obj]
-    return obj
-
-
-def chart(at, key: str) -> dict:
-    return decode_plotly(json.loads(at.get_by_key(key).proto.spec))
 
 
 def curves(fig: dict) -> dict[str, list[float]]:

@@ -1,13 +1,11 @@
 """The Symmetry page under AppTest: presets give group dimensions from a config alone, zoo models and
 directories the engine's invariance checks, break tests, RoPE breaking and sinusoidal spectrum."""
 
-import base64
-import json
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pytest
+from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import TINY
 
@@ -19,24 +17,6 @@ from engine.models.reference import build
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 PAGE = "app_pages/symmetry.py"
 TIMEOUT = 60  # the first run imports torch; the machine's cores may be busy
-
-
-def decode_plotly(obj):
-    """Undo plotly>=6 typed-array encoding ({'dtype','bdata','shape'}) recursively."""
-    if isinstance(obj, dict):
-        if "bdata" in obj and "dtype" in obj:
-            arr = np.frombuffer(base64.b64decode(obj["bdata"]), dtype=obj["dtype"])
-            if "shape" in obj:
-                arr = arr.reshape([int(s) for s in str(obj["shape"]).split(",")])
-            return arr
-        return {k: decode_plotly(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [decode_plotly(v) for v in obj]
-    return obj
-
-
-def chart(at, key: str) -> dict:
-    return decode_plotly(json.loads(at.get_by_key(key).proto.spec))
 
 
 def page(source: str) -> AppTest:

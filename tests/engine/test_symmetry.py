@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from ref_models import random_model, tiny
 
 from engine.errors import SpecError
 from engine.models import canonical, set_canonical
@@ -31,24 +32,6 @@ from engine.symmetry import (
 )
 
 TOL = 1e-10
-
-
-def tiny(task="lm", **kw) -> RefConfig:
-    base = {"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, "vocab_size": 40,
-            "image_size": 8,
-                "patch_size": 2}
-    return RefConfig(**{**base, **kw})
-
-
-def random_model(cfg: RefConfig, seed: int = 0, std: float = 0.3):
-    """Float64 model with O(1) activations, non-unit gains and nonzero biases (so folding matters)."""
-    m = build(cfg, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for k, p in m.module.named_parameters():
-            noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
-            p.copy_(1 + 0.3 * noise if k.endswith(".g") else std * noise)
-    return m
 
 
 def inputs(cfg: RefConfig, batch: int = 3, seed: int = 0) -> torch.Tensor:
