@@ -5,6 +5,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)

@@ -71,7 +71,7 @@ def test_user_text_file_and_gzip(tmp_path):
 def test_local_datasets_directory(tmp_path):
     import datasets
 
-    rows = {"text": ["Chapter %d. " % i + "word " * 2000 for i in range(80)]}
+    rows = {"text": [f"Chapter {i}. " + "word " * 2000 for i in range(80)]}
     datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
     text = data.load_text(tmp_path / "ds")
     assert text.startswith("Chapter 0. word") and "Chapter 79." in text

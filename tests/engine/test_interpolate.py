@@ -19,7 +19,7 @@ REQUIRED = ["method", "model_a", "model_b", "lambdas", "loss", "accuracy", "barr
 
 
 def tiny(task="lm", **kw):
-    return RefConfig(**{**dict(task=task, n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=32), **kw})
+    return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 32, **kw})
 
 
 @pytest.mark.parametrize("task", ["lm", "vit"])

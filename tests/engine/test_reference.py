@@ -14,7 +14,7 @@ PES = ["none", "learned", "sinusoidal", "rope"]
 
 
 def tiny(task="lm", **kw):
-    base = dict(task=task, n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16)
+    base = {"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16}
     return RefConfig(**{**base, **kw})
 
 
@@ -28,11 +28,11 @@ def inputs(cfg, batch=3, seed=0):
 VARIANTS = [
     dict(task=t, pe=pe, **extra)
     for t, pe in itertools.product(["lm", "vit"], PES)
-    for extra in [{}, dict(norm="layernorm", bias=True, mlp="relu")]
+    for extra in [{}, {"norm": "layernorm", "bias": True, "mlp": "relu"}]
 ] + [
-    dict(pe="rope", rope_layout="half", mlp="swiglu", n_kv_heads=2),
-    dict(pe="rope", rotary_dim=4, tied_embeddings=True, head_bias=True),
-    dict(pe="learned", mlp="gelu_tanh", norm="layernorm", bias=True, tied_embeddings=True),
+    {"pe": "rope", "rope_layout": "half", "mlp": "swiglu", "n_kv_heads": 2},
+    {"pe": "rope", "rotary_dim": 4, "tied_embeddings": True, "head_bias": True},
+    {"pe": "learned", "mlp": "gelu_tanh", "norm": "layernorm", "bias": True, "tied_embeddings": True},
 ]
 
 
