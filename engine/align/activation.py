@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from engine.align.common import (
@@ -43,7 +42,7 @@ from engine.align.common import (
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
 from engine.align.weight import fit_qk
 from engine.models.base import Arch, Params
-from engine.models.reference import apply_rope
+from engine.models.reference import apply_rope, mlp_activation
 from engine.symmetry import GroupElement, LayerElement
 
 ACT_BATCH = {"lm": 16, "vit": 256}  # sequences of up to 128 tokens / images
@@ -100,16 +99,7 @@ def hidden(arch: Arch, p: Params, layer: int, x: Tensor) -> Tensor:
     """Post-nonlinearity hidden activations [B*T, m] of block `layer`'s MLP."""
     b = f"blocks.{layer}.mlp"
     u = x @ p[f"{b}.W_in"] + p.get(f"{b}.b_in", 0)  # [B, T, m]
-    if arch.mlp == "swiglu":
-        a = F.silu(x @ p[f"{b}.W_gate"]) * u
-    elif arch.mlp == "gelu":
-        a = F.gelu(u)
-    elif arch.mlp == "gelu_tanh":
-        a = F.gelu(u, approximate="tanh")
-    elif arch.mlp == "relu":
-        a = F.relu(u)
-    else:
-        a = F.silu(u)
+    a = mlp_activation(arch.mlp, u, x @ p[f"{b}.W_gate"] if arch.mlp == "swiglu" else None)
     return a.flatten(0, 1)  # [B*T, m]
 
 

@@ -193,6 +193,19 @@ class Attention(nn.Module):
         return out + self.b_O if cfg.bias else out
 
 
+def mlp_activation(kind: str, u: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The MLP's hidden activations from its pre-activations u (and, for SwiGLU, the gate's)."""
+    if kind == "swiglu":
+        return F.silu(gate) * u
+    if kind == "gelu":
+        return F.gelu(u)
+    if kind == "gelu_tanh":
+        return F.gelu(u, approximate="tanh")
+    if kind == "relu":
+        return F.relu(u)
+    return F.silu(u)
+
+
 class MLP(nn.Module):
     def __init__(self, cfg: RefConfig):
         super().__init__()
@@ -208,16 +221,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u = x @ self.W_in + (self.b_in if self.bias else 0)  # [B, T, m]
-        if self.kind == "swiglu":
-            a = F.silu(x @ self.W_gate) * u
-        elif self.kind == "gelu":
-            a = F.gelu(u)
-        elif self.kind == "gelu_tanh":
-            a = F.gelu(u, approximate="tanh")
-        elif self.kind == "relu":
-            a = F.relu(u)
-        else:
-            a = F.silu(u)
+        a = mlp_activation(self.kind, u, x @ self.W_gate if self.kind == "swiglu" else None)
         return a @ self.W_out + (self.b_out if self.bias else 0)
 
 
