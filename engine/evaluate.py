@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from engine.data import Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
+from engine.data import HFTokenizer, Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
 from engine.errors import DataError
 from engine.models import Model, model_logits
 
@@ -56,10 +57,24 @@ def vit_eval_set(split: str = "test", max_images: int | None = None) -> EvalSet:
     return EvalSet("vit", x, y, f"digits/{split}, {len(y):,} images")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+
+
+def tokenizer_for(model: Model) -> Tokenizer | None:
+    """The checkpoint's own tokenizer when its directory ships one, else None (bytes)."""
+    if model.path is not None and any((Path(model.path) / f).is_file() for f in TOKENIZER_FILES):
+        return HFTokenizer(model.path)
+    return None
+
+
 def eval_set_for(model: Model, split: str = "test", max_items: int | None = None) -> EvalSet:
     if model.arch.task == "vit":
         return vit_eval_set(split, max_items)
-    return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX))
+    tok = tokenizer_for(model)
+    if tok is not None and tok.vocab_size > model.arch.n_out:
+        raise DataError(f"The tokenizer in {model.path} has {tok.vocab_size} tokens, more than the "
+                        f"model's vocabulary of {model.arch.n_out}.")
+    return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), tokenizer=tok)
 
 
 @torch.no_grad()

@@ -95,3 +95,28 @@ def test_cli_reports_mismatch_in_one_line(tmp_path, capsys):
     assert rc == 2 and err.startswith("error: ") and "pe is 'rope' vs 'none'" in err and "\n" not in err
     rc = main(["interpolate", "lm-nope-s9", str(tmp_path / "b")])
     assert rc == 2 and "neither a zoo model" in capsys.readouterr().err
+
+
+def test_hf_checkpoint_with_its_own_tokenizer_is_evaluated_with_it(tmp_path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from engine.data import load_text
+    from engine.evaluate import eval_set_for
+    from engine.models import hf_gpt2, load_model
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    bpe.train_from_iterator([load_text()[:200_000]], trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    n_vocab = len(tok)
+    model = hf_gpt2.build({"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 32, "vocab_size": n_vocab}, seed=0)
+    save_model(model, tmp_path / "gpt2")
+    tok.save_pretrained(str(tmp_path / "gpt2"))
+    m = load_model(tmp_path / "gpt2")
+    es = eval_set_for(m, "test", 2048)
+    assert "hf:gpt2" in es.description and int(es.inputs.max()) < n_vocab
+    assert int(es.inputs.max()) >= 256  # merged tokens, not bytes
+    assert evaluate(m, es)["loss"] > 0
