@@ -511,7 +511,7 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         "n_kv_heads": a.n_kv_heads, "d_head": a.d_head, "d_mlp": a.d_mlp, "pe": a.pe,
         "rope_layout": a.rope_layout or "interleaved", "rotary_dim": a.rotary_dim, "rope_base": a.rope_base,
         "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "head_bias": a.head_bias,
-        "tied_embeddings": a.tied_embeddings,
+        "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual,
     }
     if a.task == "lm":
         kw.update(vocab_size=a.n_out, n_ctx=a.n_ctx)

@@ -70,6 +70,7 @@ class Arch:
     head_bias: bool
     tied_embeddings: bool
     causal: bool
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-J / GPT-NeoX) instead of sequential
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -2,7 +2,8 @@
 
 The controlled instrument for comparing positional encodings: `pe` in {none, learned, sinusoidal,
 rope} (RoPE pairing interleaved or half-split, optionally partial), `norm` in {layernorm, rmsnorm},
-`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases. Everything but the chosen options
+`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases, a sequential or parallel (GPT-NeoX)
+residual. Everything but the chosen options
 is identical across variants. Parameters are stored directly in the canonical head-explicit layout
 (engine/models/base.py), so `to_canonical` is the state dict itself.
 
@@ -51,6 +52,7 @@ class RefConfig:
     patch_size: int = 2
     in_chans: int = 1
     n_classes: int = 10
+    parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)): both branches read the same x
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -101,6 +103,7 @@ class RefConfig:
             norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias, out_bias=self.bias,
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
+            parallel_residual=self.parallel_residual,
         )
 
 
@@ -230,8 +233,11 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.attn = Norm(cfg), Attention(cfg)
         self.norm2, self.mlp = Norm(cfg), MLP(cfg)
+        self.parallel = cfg.parallel_residual
 
     def forward(self, x: torch.Tensor, rope) -> torch.Tensor:
+        if self.parallel:  # GPT-NeoX order of the sum: mlp + attn + x
+            return self.mlp(self.norm2(x)) + self.attn(self.norm1(x), rope) + x
         x = x + self.attn(self.norm1(x), rope)
         return x + self.mlp(self.norm2(x))
 
