@@ -475,7 +475,7 @@ def sinusoidal_spectrum(n_pos: int, d_model: int, rtol: float = 1e-6) -> dict:
 
 
 def arch_from_config(config: dict, source: str = "config.json") -> Arch:
-    """The Arch of a reference, HF GPT-2, HF Llama or timm ViT config dict (no weights needed)."""
+    """The Arch of a reference, HF GPT-2, HF Llama, HF GPT-NeoX or timm ViT config dict (no weights needed)."""
     fam = config.get("family")
     if fam == "reference":
         return RefConfig.from_dict(config).arch()
@@ -492,11 +492,15 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
         from engine.models import hf_llama
 
         return hf_llama.arch(LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"}), source)
+    if mt == "gpt_neox":
+        from engine.models import hf_neox
+
+        return hf_neox.arch(hf_neox.config_from_dict(config, source), source)
     if fam == "timm_vit" or "architecture" in config:
         from engine.models import timm_vit
 
         return timm_vit.arch(timm_vit._create(config, source), source)
-    raise ModelError(f"{source} is not a reference, GPT-2, Llama or timm ViT config.")
+    raise ModelError(f"{source} is not a reference, GPT-2, Llama, GPT-NeoX or timm ViT config.")
 
 
 def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, str]:

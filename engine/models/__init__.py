@@ -11,13 +11,14 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelError
-from engine.models import hf_gpt2, hf_llama, reference, timm_vit
+from engine.models import hf_gpt2, hf_llama, hf_neox, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
 
 FAMILIES: dict[str, Family] = {
     reference.ENTRY.name: reference.ENTRY,
     hf_gpt2.ENTRY.name: hf_gpt2.ENTRY,
     hf_llama.ENTRY.name: hf_llama.ENTRY,
+    hf_neox.ENTRY.name: hf_neox.ENTRY,
     timm_vit.ENTRY.name: timm_vit.ENTRY,
 }
 

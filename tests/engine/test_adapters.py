@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError
-from engine.models import FAMILIES, family_of, hf_gpt2, hf_llama, load_model, reference, timm_vit
+from engine.models import FAMILIES, family_of, hf_gpt2, hf_llama, hf_neox, load_model, reference, timm_vit
 from engine.models.base import Model
 from engine.models.reference import RefConfig
 
@@ -30,6 +30,9 @@ GPT2_CFG = {"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n
 LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
              "eos_token_id": 0, "rope_theta": 500.0, "rms_norm_eps": 1e-5}
+NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
+            "bos_token_id": 0, "eos_token_id": 0}
 
 
 def randomise(model: Model, seed: int) -> Model:
@@ -76,6 +79,15 @@ CASES = {
         seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
         norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=True, tied_embeddings=True)),
+    # Pythia layout: partial RoPE, parallel residual, untied; and the sequential, tied variant
+    "hf_neox": Case("hf_neox", lambda s: hf_neox.build(NEOX_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
+        norm_eps=1e-5, mlp="gelu", bias=True, parallel_residual=True)),
+    "hf_neox_sequential_tied": Case("hf_neox", lambda s: hf_neox.build(
+        {**NEOX_CFG, "use_parallel_residual": False, "tie_word_embeddings": True, "rotary_pct": 1.0,
+         "hidden_act": "gelu_new"}, seed=s, dtype=F64), RefConfig(
+        **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="layernorm", norm_eps=1e-5,
+        mlp="gelu_tanh", bias=True, tied_embeddings=True)),
     "timm_vit": Case("timm_vit", lambda s: timm_vit.build(VIT_ARGS, seed=s, dtype=F64), RefConfig(**REF_VIT),
                      task="vit"),
 }
@@ -235,7 +247,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture
@@ -283,14 +295,14 @@ def test_nan_weights_are_refused(saved):
     _raises_naming(path, lambda: FAMILIES[case.family].load(path, dtype=F64), "NaN")
 
 
-@pytest.mark.parametrize("saved", ["hf_gpt2", "hf_llama"], indirect=True)
+@pytest.mark.parametrize("saved", ["hf_gpt2", "hf_llama", "hf_neox"], indirect=True)
 def test_unsupported_model_type_is_refused(saved):
     case, path = saved
     cfg = json.loads((path / "config.json").read_text())
-    cfg["model_type"] = "gpt_neox"
+    cfg["model_type"] = "mamba"
     (path / "config.json").write_text(json.dumps(cfg))
     _raises_naming(path, lambda: load_model(path), "not a supported family")
-    _raises_naming(path, lambda: FAMILIES[case.family].load(path), "gpt_neox")
+    _raises_naming(path, lambda: FAMILIES[case.family].load(path), "mamba")
 
 
 @pytest.mark.parametrize(("saved", "change", "option"), [
