@@ -28,9 +28,9 @@ from torch import Tensor
 from engine.errors import ModelError, SpecError
 from engine.models.base import Arch, Params
 from engine.models.reference import RefConfig, rope_pairs
-from engine.spec import KINDS, Spec, build_spec, check_arch
+from engine.spec import KINDS, ParamSpec, Spec, build_spec, check_arch
 
-__all__ = ["KINDS", "GroupElement", "LayerElement", "apply", "compose", "fold_norms", "identity", "invert",
+__all__ = ["KINDS", "GroupElement", "LayerElement", "act", "apply", "element_maps", "compose", "fold_norms", "identity", "invert",
            "layernorm_to_rmsnorm", "reference_config_from_arch", "rope_commutant", "sample"]
 
 # Sampled elements have singular values in [e^-0.5, e^0.5] (condition number <= e): far enough from
@@ -266,25 +266,15 @@ def _along(v: Tensor, x: Tensor, axis: int) -> Tensor:
     return v.to(x.device).reshape(shape)  # broadcastable along `axis`
 
 
-def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> Params:
-    """g.theta as a new dict (MATH.md sections 1-3).
-
-    strict=True checks that g lies in this architecture's group (RoPE commutant, scale signs, an
-    orthogonal residual map, norms folded for rotations) and raises SpecError otherwise; the break
-    tests pass strict=False to apply maps from larger groups on purpose.
-    """
-    spec = build_spec(arch, params)
-    _check_shapes(arch, g)
-    if strict:
-        _check_membership(spec, g)
+def element_maps(g: GroupElement) -> dict[str, dict[str, Tensor] | None]:
+    """What `act` needs of g, per group name; identity parts are None (a restricted element then costs
+    only what it moves). Permutations stay index vectors; maps and their inverses are float64."""
     wide = torch.float64
     O = g.residual.to(wide)
-    O_perm = _is_perm_matrix(O)
-    # identity parts are left out (None): a restricted element then costs only what it moves
     eye = torch.eye(O.shape[0], dtype=wide, device=O.device)
     if torch.equal(O, eye):
         res = None
-    elif O_perm:  # x Omega for a permutation matrix is an index: column j of the result is column argmax_i O_ij
+    elif _is_perm_matrix(O):  # x Omega for a permutation matrix is an index: column j of the result is column argmax_i O_ij
         res = {"index": O.argmax(0)}
     else:
         res = {"right": O, "right_inv_t": torch.linalg.inv(O).mT}
@@ -301,30 +291,54 @@ def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> P
         mats[f"{b}.mlp"] = None if torch.equal(mp, torch.arange(len(mp), device=mp.device)) else {"perm": mp}
         sc = el.mlp_scale.to(wide)
         mats[f"{b}.mlp_scale"] = None if bool((sc == 1).all()) else {"scale": sc}
+    return mats
 
+
+def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> Tensor:
+    """One parameter moved by the element whose `element_maps` are `mats`, computed in x's dtype.
+
+    Groups absent from `mats` act as the identity, so a caller can move one layer, or apply the
+    residual map alone, without building the rest of the element.
+    """
+    # permutations first: the matrices and scales are indexed by the new (permuted) index
+    for axis, acts in enumerate(ps.axes):
+        for a in acts:
+            m = mats.get(a.group)
+            if a.role in ("perm", "perm_kv") and m is not None:
+                x = x.index_select(axis, m[a.role].to(x.device))
+    for axis, acts in enumerate(ps.axes):
+        for a in acts:
+            m = mats.get(a.group)
+            if m is None:
+                continue
+            if "index" in m:  # residual permutation: writers, readers (Omega^{-T} = Omega), norms
+                x = x.index_select(axis, m["index"].to(x.device))
+            elif a.role in ("right", "right_inv_t"):
+                x = _right(x, axis, m[a.role].to(x.dtype), a.by_axis, a.per)
+            elif a.role == "scale":
+                x = x * _along(m["scale"].to(x.dtype), x, axis)
+            elif a.role == "inv_scale":
+                x = x / _along(m["scale"].to(x.dtype), x, axis)
+            # a folded gain (all ones) is invariant under rotations; strict mode checked it is folded
+    return x
+
+
+def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> Params:
+    """g.theta as a new dict (MATH.md sections 1-3), each parameter computed in float64 at least.
+
+    strict=True checks that g lies in this architecture's group (RoPE commutant, scale signs, an
+    orthogonal residual map, norms folded for rotations) and raises SpecError otherwise; the break
+    tests pass strict=False to apply maps from larger groups on purpose.
+    """
+    spec = build_spec(arch, params)
+    _check_shapes(arch, g)
+    if strict:
+        _check_membership(spec, g)
+    mats = element_maps(g)
     out: Params = {}
     for key, ps in spec.params.items():
         x0 = params[key]
-        x = x0.to(torch.promote_types(x0.dtype, wide))
-        # permutations first: the matrices and scales are indexed by the new (permuted) index
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                if a.role in ("perm", "perm_kv") and mats[a.group] is not None:
-                    x = x.index_select(axis, mats[a.group][a.role].to(x.device))
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                if mats[a.group] is None:
-                    continue
-                if "index" in mats[a.group]:  # residual permutation: writers, readers (Omega^{-T} = Omega), norms
-                    x = x.index_select(axis, mats[a.group]["index"].to(x.device))
-                elif a.role in ("right", "right_inv_t"):
-                    x = _right(x, axis, mats[a.group][a.role], a.by_axis, a.per)
-                elif a.role == "scale":
-                    x = x * _along(mats[a.group]["scale"], x, axis)
-                elif a.role == "inv_scale":
-                    x = x / _along(mats[a.group]["scale"], x, axis)
-                # a folded gain (all ones) is invariant under rotations; strict mode checked it is folded
-        out[key] = x.to(x0.dtype)
+        out[key] = act(ps, mats, x0.to(torch.promote_types(x0.dtype, torch.float64))).to(x0.dtype)
     return out
 
 
