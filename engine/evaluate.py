@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from engine.data import HFTokenizer, Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
-from engine.errors import DataError
+from engine.errors import DataError, LMCError
 from engine.models import Model, model_logits
+from engine.models.base import Arch
 
 DEFAULT_LM_CTX = 128
 
@@ -77,21 +78,75 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
     return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), tokenizer=tok)
 
 
-@torch.no_grad()
-def evaluate(model: Model, es: EvalSet, batch_size: int = 64) -> dict[str, float | None]:
-    """Mean cross-entropy in nats per scored item, and accuracy (classifiers) on `es`."""
+# Evaluation memory. One forward holds its logits and its widest activations; both grow with the
+# tokens it scores, and at a GPT-2 vocabulary (50,257) the logits dominate: a batch is sized so the
+# two together stay under EVAL_BUDGET_BYTES. The loss is then taken in chunks of rows, so the
+# float32 (or float64) copy cross-entropy works on never exceeds LOSS_CHUNK_BYTES.
+EVAL_BUDGET_BYTES = 256 * 2**20
+LOSS_CHUNK_BYTES = 32 * 2**20
+
+
+def seq_len(arch: Arch) -> int:
+    """Positions in one evaluation item: an LM window (at most DEFAULT_LM_CTX) or a ViT's patches + class token."""
+    return min(arch.n_ctx, DEFAULT_LM_CTX) if arch.task == "lm" else arch.n_ctx
+
+
+def item_bytes(arch: Arch, itemsize: int = 4, n_pos: int | None = None) -> int:
+    """Bytes one evaluation item (LM window / image) occupies in a forward: logits + widest activations.
+
+    Per position: the residual stream, q/k/v and the attention output (4 D), the MLP pre-activation,
+    gate and activation (3 m), and one row of attention scores per head (h T, when the kernel
+    materialises them); plus n_out logits per position (LM) or per image (ViT).
+    """
+    T = n_pos or seq_len(arch)
+    per_pos = 4 * arch.d_model + 3 * arch.d_mlp + arch.n_heads * T
+    logits = arch.n_out * (T if arch.task == "lm" else 1)
+    return itemsize * (T * per_pos + logits)
+
+
+def items_per_batch(arch: Arch, itemsize: int = 4, budget_bytes: int = EVAL_BUDGET_BYTES, n_pos: int | None = None) -> int:
+    """Sequences / images per forward so that one forward stays under `budget_bytes` (at least one)."""
+    return max(1, budget_bytes // item_bytes(arch, itemsize, n_pos))
+
+
+def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast: bool = False) -> dict[str, float | None]:
+    """Mean cross-entropy in nats per scored item, and accuracy (classifiers) on `es`.
+
+    Each forward scores at most `max_tokens` positions (default: as many as fit EVAL_BUDGET_BYTES, at
+    least one item). The loss is taken in float32 row chunks and summed in a float64 scalar, never
+    over float64 logits; a float64 model keeps float64 throughout, so exactness checks stay exact.
+    `autocast` runs the forward under bfloat16 autocast on CUDA (ignored on other devices and for
+    float64 models).
+    """
+    p = next(model.module.parameters())
+    dtype, device = p.dtype, p.device
+    if es.size == 0:
+        raise DataError(f"The evaluation set ({es.description}) is empty.")
+    loss_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    n_pos = es.inputs.shape[-1] if es.task == "lm" else model.arch.n_ctx
+    if max_tokens is not None:
+        if max_tokens < 1:
+            raise LMCError(f"max_tokens must be a positive number of tokens per forward, got {max_tokens}.")
+        per_batch = max(1, max_tokens // n_pos)
+    else:
+        per_batch = items_per_batch(model.arch, max(4, dtype.itemsize), n_pos=n_pos)
+    cast = autocast and device.type == "cuda" and dtype != torch.float64
     model.module.eval()
-    dtype = next(model.module.parameters()).dtype
-    device = next(model.module.parameters()).device
-    total, correct = 0.0, 0
-    for i in range(0, len(es.inputs), batch_size):
-        x = es.inputs[i : i + batch_size].to(device)
-        y = es.targets[i : i + batch_size].to(device)
-        if x.is_floating_point():
-            x = x.to(dtype)
-        logits = model_logits(model, x).double()  # [B, T, V] or [B, C]
-        total += F.cross_entropy(logits.flatten(0, -2), y.flatten(), reduction="sum").item()
-        if es.task == "vit":
-            correct += (logits.argmax(-1) == y).sum().item()
+    total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync per chunk
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast):
+        for i in range(0, len(es.inputs), per_batch):
+            x = es.inputs[i : i + per_batch].to(device, non_blocking=True)
+            y = es.targets[i : i + per_batch].to(device, non_blocking=True)
+            if x.is_floating_point():
+                x = x.to(dtype)
+            logits = model_logits(model, x)  # [B, T, V] or [B, C]
+            logits, y = logits.flatten(0, -2), y.flatten()  # [N, V], [N]
+            rows = max(1, LOSS_CHUNK_BYTES // (loss_dtype.itemsize * logits.shape[-1]))
+            for j in range(0, len(y), rows):
+                chunk, t = logits[j : j + rows].to(loss_dtype), y[j : j + rows]  # [n, V], [n]
+                total += F.cross_entropy(chunk, t, reduction="sum").to(torch.float64)
+                if es.task == "vit":
+                    correct += (chunk.argmax(-1) == t).sum()
     n = es.size
-    return {"loss": total / n, "accuracy": correct / n if es.task == "vit" else None}
+    return {"loss": total.item() / n, "accuracy": correct.item() / n if es.task == "vit" else None}

@@ -138,10 +138,13 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: st
     """Rotate pair j of every position t by angle t * omega_j; x [B, h, T, d], cos/sin [T, r/2]."""
     r = 2 * cos.shape[-1]
     i1, i2 = rope_pairs(r, layout)
-    a, b = x[..., i1], x[..., i2]  # [B, h, T, r/2]
+    # In the wider of the two dtypes, rounded back to x's: under bfloat16 autocast q/k arrive in
+    # bfloat16 while the tables follow the (float32) residual stream.
+    ct = torch.promote_types(x.dtype, cos.dtype)
+    a, b = x[..., i1].to(ct), x[..., i2].to(ct)  # [B, h, T, r/2]
     out = x.clone()
-    out[..., i1] = a * cos - b * sin
-    out[..., i2] = a * sin + b * cos
+    out[..., i1] = (a * cos - b * sin).to(x.dtype)
+    out[..., i2] = (a * sin + b * cos).to(x.dtype)
     return out
 
 

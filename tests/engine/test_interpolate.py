@@ -7,7 +7,7 @@ import torch
 
 from engine.api import run_pair
 from engine.cli import main
-from engine.errors import ArchitectureMismatch
+from engine.errors import ArchitectureMismatch, LMCError
 from engine.evaluate import evaluate, lm_eval_set, vit_eval_set
 from engine.interpolate import LinearPath, barrier_metrics, check_same_architecture, interpolate
 from engine.models import save_model
@@ -120,3 +120,34 @@ def test_hf_checkpoint_with_its_own_tokenizer_is_evaluated_with_it(tmp_path):
     assert "hf:gpt2" in es.description and int(es.inputs.max()) < n_vocab
     assert int(es.inputs.max()) >= 256  # merged tokens, not bytes
     assert evaluate(m, es)["loss"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_offloaded_path_equals_the_plain_path(dtype):
+    a, b = build(tiny(), seed=0, dtype=dtype), build(tiny(), seed=1, dtype=dtype)
+    plain, off = LinearPath(a, b), LinearPath(a, b, offload=True, device="cpu")
+    for lam in (0.0, 0.3, 0.5, 0.9, 1.0):
+        sp, so = plain.at(lam).module.state_dict(), off.at(lam).module.state_dict()
+        assert all(torch.equal(sp[k], so[k]) for k in sp)
+    assert torch.equal(off.at(1.0).module.blocks[0].attn.W_Q, b.module.blocks[0].attn.W_Q)
+    es = lm_eval_set("val", 512, n_ctx=32)
+    assert interpolate(a, b, es, points=3, offload=True)["loss"] == interpolate(a, b, es, points=3)["loss"]
+
+
+def test_the_work_model_is_the_only_copy():
+    a, b = build(tiny(), seed=0), build(tiny(), seed=1)
+    path = LinearPath(a, b)
+    work = {p.data_ptr() for p in path.work.module.parameters()}
+    ends = {p.data_ptr() for m in (a, b) for p in m.module.parameters()}
+    assert not work & ends
+    assert all(v.data_ptr() in ends for v in (*path._sa.values(), *path._sb.values()))  # views of the endpoints
+    assert torch.equal(path.work.module.blocks[0].mlp.W_in, a.module.blocks[0].mlp.W_in)  # starts as A
+
+
+def test_path_placement_errors_are_one_sentence():
+    a, b = build(tiny(), seed=0), build(tiny(), seed=1)
+    with pytest.raises(LMCError, match="must both live on the path's device meta"):
+        LinearPath(a, b, device="meta")
+    b.module.to("meta")
+    with pytest.raises(LMCError, match="keeps the endpoints on the CPU"):
+        LinearPath(a, b, offload=True)
