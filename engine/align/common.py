@@ -168,8 +168,9 @@ def functional_logits(tw: Model, params: Params, inputs: Tensor) -> Tensor:
 
 
 def task_loss(logits: Tensor, targets: Tensor) -> Tensor:
-    """Mean cross-entropy per scored token / image, in nats."""
-    return F.cross_entropy(logits.flatten(0, -2).double(), targets.to(logits.device).flatten())  # [N, V], [N]
+    """Mean cross-entropy per scored token / image, in nats, in the logits' dtype (a float64 copy of
+    float32 logits would be a gigabyte per batch at GPT-2's vocabulary; float64 models stay float64)."""
+    return F.cross_entropy(logits.flatten(0, -2), targets.to(logits.device).flatten())  # [N, V], [N]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -215,6 +216,7 @@ class AlignContext:
     progress: Progress | None = None
     qk_structure: str | None = None  # override the spec's Q/K group ("gl"): only to test the guard
     compare_one_sided: bool = True  # dual: also run one-sided learning at the same step budget
+    time_budget_s: float | None = None  # learned, dual: also stop when this many seconds of optimisation are spent
 
 
 @dataclass

@@ -16,16 +16,26 @@ solution. Each class has its own latent:
                                 unrotated dims of a partial RoPE
     mlp_scale                   s = s_0 exp(e)
 
-The loss needs gradients through the group action, so `apply_dense` re-states engine/symmetry.apply
-with permutation MATRICES (the straight-through ones); for hard permutations it equals apply
-(tests/engine/test_align.py). The forward pass is torch.func.functional_call on the
+The loss needs gradients through the group action, so `act_ste` re-states engine/symmetry.apply with
+autograd: a permutation is a gather (`PermuteSTE`) whose backward also hands its latent the dense
+straight-through gradient dL/dP, a matmul, so no permutation matrix ever multiplies a weight; the
+continuous maps are differentiable functions of their latents. For hard elements `act_ste` equals
+apply (tests/engine/test_align.py). The forward pass is torch.func.functional_call on the
 reference-family twin (common.twin). The element returned is always the hard, exact one: the best
 seen on a fixed validation batch (midpoint loss), the weight-matching start included.
+
+Cost, so that GPT-2-small (124M) fits (DESIGN.md, Scale): latents and products in the model's
+dtype (float32 models: float32; float64 models stay float64 for exactness tests); the Hungarian
+solves re-run every RESOLVE_EVERY steps and at each validation check, not every step (scipy takes
+about a second for one 3072 x 3072 MLP layer); the loss over micro-batches whose logits stay under
+LOGIT_BYTES, in the logits' dtype. Latent, Adam-state and peak resident bytes go into the record.
 """
 
 from __future__ import annotations
 
 import random
+import resource
+import sys
 from collections.abc import Callable
 
 import torch
@@ -48,7 +58,8 @@ from engine.align.solvers import (
     gqa_assignment,
     perm_matrix,
     procrustes,
-    residual_perm_from_scores,
+    residual_perm_matrix,
+    residual_perm_of,
     rope_scalars,
 )
 from engine.align.weight import weight_match
@@ -61,15 +72,55 @@ LR = {"perm": 0.05, "map": 2e-3}  # Adam step sizes: permutation latents, contin
 LAMBDA = (0.4, 0.6)
 VAL_ITEMS = {"lm": 4096, "vit": 512}  # validation tokens / images for picking the best element
 EVALS = 10  # validation checks per run
-CHUNK = 16  # sequences / images per forward pass when evaluating
+# Hard permutations are re-solved from the latents every RESOLVE_EVERY steps (and at every
+# validation check); in between the forward keeps the last ones while Adam moves the latents.
+# One Adam step moves a latent entry by about LR["perm"] = 0.05, so the 0/1 gap of the start
+# closes in about ten steps at the earliest (measured on the zoo: bench/ and the report).
+RESOLVE_EVERY = 10
+LOGIT_BYTES = 128 * 2**20  # logits of one forward pass: 10 windows of 128 at GPT-2's 50,257 tokens
 
 
 # ---------------------------------------------------------------------------------------------
 # The differentiable action
 
 
+class PermuteSTE(torch.autograd.Function):
+    """x.index_select(axis, perm) in the forward pass; the backward also gives perm's latent Z the
+    straight-through gradient dL/dZ = dL/dP (the permutation's value, Z's gradient).
+
+    With P[i, perm[i]] = 1 the gather is x <- P x along `axis` (new i = old perm[i]), so
+    dL/dP[i, j] = <dL/dnew_i, old_j> summed over every other axis: one matmul in x's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, Z: Tensor, perm: Tensor, axis: int) -> Tensor:
+        perm = perm.to(x.device)
+        ctx.save_for_backward(x, perm)
+        ctx.axis, ctx.z_to = axis, (Z.device, Z.dtype)
+        return x.index_select(axis, perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
+        x, perm = ctx.saved_tensors
+        axis = ctx.axis
+        g_x = g_Z = None
+        if ctx.needs_input_grad[0]:
+            g_x = grad.index_select(axis, torch.argsort(perm))  # scatter back: old perm[i] <- new i
+        if ctx.needs_input_grad[1]:
+            n = x.shape[axis]
+            G = grad.movedim(axis, 0).reshape(n, -1)  # [n, rest]
+            X = x.movedim(axis, 0).reshape(n, -1)  # [n, rest]
+            g_Z = (G @ X.mT).to(*ctx.z_to)  # [n, n]
+        return g_x, g_Z, None, None
+
+
+def permute(x: Tensor, axis: int, perm: Tensor, Z: Tensor) -> Tensor:
+    """x with index i of `axis` taking old index perm[i]; straight-through gradient to Z."""
+    return PermuteSTE.apply(x, Z, perm, axis)
+
+
 def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
-    """x <- x M along `axis` (engine/symmetry.py `_right`, restated here next to its dense twin)."""
+    """x <- x M along `axis` (engine/symmetry.py `_right`, restated here next to `act_ste`)."""
     if by_axis is None:
         return (x.movedim(axis, -1) @ M).movedim(-1, axis)  # same shape as x
     Ms = M[torch.arange(x.shape[by_axis], device=M.device) // per]  # [size(by_axis), s, s]
@@ -78,42 +129,39 @@ def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Te
     return y.movedim((0, -1), (by_axis, axis))  # same shape as x
 
 
-def apply_dense(spec: Spec, mats: dict[str, dict[str, Tensor]], params: Params, residual_is_perm: bool) -> Params:
-    """g.theta with permutations as matrices P (x <- P x along the axis: new i = sum_j P[i, j] old j).
+def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
+    """g.theta, computed as engine/symmetry.apply does, differentiable in the latents behind `maps`.
 
-    mats[group][role] as in engine/symmetry.apply: "perm"/"perm_kv" [n, n] matrices, "right" and
-    "right_inv_t" [.., s, s], "scale" [m]; groups absent from mats act as the identity.
-    Permutations act first, as in apply, because the maps are indexed by the new index.
+    maps[group] as Transform.maps gives it: "perm" / "perm_kv" (and "index" for a residual
+    permutation, which moves writers, readers and norms alike) are (hard index, latent of P)
+    pairs; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups absent act as the identity.
+    Permutations act first, as in apply, because the maps are indexed by the new index. Every
+    product runs in the weights' dtype.
     """
     out: Params = {}
     for key, ps in spec.params.items():
         x = params[key]
         for axis, acts in enumerate(ps.axes):
             for a in acts:
-                if a.role in ("perm", "perm_kv") and a.group in mats:
-                    P = mats[a.group][a.role].to(x.device, x.dtype)
-                    x = (x.movedim(axis, -1) @ P.T).movedim(-1, axis)  # same shape
+                if a.role in ("perm", "perm_kv") and a.group in maps:
+                    x = permute(x, axis, *maps[a.group][a.role])
         for axis, acts in enumerate(ps.axes):
             for a in acts:
-                m = mats.get(a.group)
+                m = maps.get(a.group)
                 if m is None:
                     continue
-                if a.role in ("right", "right_inv_t"):
+                if "index" in m:
+                    x = permute(x, axis, *m["index"])
+                elif a.role in ("right", "right_inv_t"):
                     x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
                 elif a.role in ("scale", "inv_scale"):
                     shape = [1] * x.dim()
                     shape[axis] = -1
                     s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
                     x = x * s if a.role == "scale" else x / s
-                elif a.role == "norm" and residual_is_perm:  # gains follow a permutation, are folded otherwise
-                    x = (x.movedim(axis, -1) @ m["right"].to(x.device, x.dtype)).movedim(-1, axis)  # same shape
+                # a folded gain (all ones) is invariant under rotations
         out[key] = x
     return out
-
-
-def straight_through(hard: Tensor, Z: Tensor) -> Tensor:
-    """Value `hard`, gradient as if it were Z (Z - Z.detach() is exactly zero in the forward pass)."""
-    return hard + (Z - Z.detach())
 
 
 def newton_schulz_polar(M: Tensor, iters: int = 12) -> Tensor:
@@ -143,22 +191,31 @@ def rope_basis(layout: str, r: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 class Transform(nn.Module):
-    """Latents of one group element started at `g0`: `mats()` for the loss, `element()` for the result."""
+    """Latents of one group element started at `g0`, in `dtype`: `maps()` for the loss, `solve()`
+    to re-run the Hungarian, `element()` for the hard result."""
 
-    def __init__(self, arch: Arch, spec: Spec, kinds: frozenset[str], g0: GroupElement):
+    def __init__(self, arch: Arch, spec: Spec, kinds: frozenset[str], g0: GroupElement, dtype: torch.dtype = F64):
         super().__init__()
-        self.arch, self.spec, self.kinds, self.g0 = arch, spec, kinds, g0
+        self.arch, self.spec, self.kinds, self.g0, self.dtype = arch, spec, kinds, g0, dtype
         L, d, hkv = arch.n_layers, arch.d_head, arch.n_kv_heads
         self.rep = arch.n_heads // hkv
         self.rope = spec.groups["blocks.0.qk"].structure == "rope_commutant"
 
         def zeros(*shape: int) -> nn.Parameter:
-            return nn.Parameter(torch.zeros(*shape, dtype=F64))
+            return nn.Parameter(torch.zeros(*shape, dtype=dtype))
 
+        def latents(perms: list[Tensor]) -> nn.ParameterList:
+            # one Parameter per layer: a gradient through a slice of one stacked [L, m, m] tensor
+            # would allocate the whole stack per layer
+            return nn.ParameterList(nn.Parameter(perm_matrix(p, dtype)) for p in perms)  # L x [n, n]
+
+        # the hard permutations the forward pass uses; Hungarian of a permutation matrix is itself
+        self.head_perms = [el.head_perm for el in g0.layers]
+        self.mlp_perms = [el.mlp_perm for el in g0.layers]
         if "heads" in kinds:
-            self.Z_heads = nn.Parameter(torch.stack([perm_matrix(el.head_perm) for el in g0.layers]))  # [L, h, h]
+            self.Z_heads = latents(self.head_perms)
         if "mlp" in kinds:
-            self.Z_mlp = nn.Parameter(torch.stack([perm_matrix(el.mlp_perm) for el in g0.layers]))  # [L, m, m]
+            self.Z_mlp = latents(self.mlp_perms)
         if "mlp_scale" in kinds:
             self.e_scale = zeros(L, arch.d_mlp)
         if "qk" in kinds:
@@ -169,7 +226,9 @@ class Transform(nn.Module):
         if "vo" in kinds:
             self.E_vo = zeros(L, hkv, d, d)
         if "residual_perm" in kinds:
-            self.Z_res = nn.Parameter(g0.residual.to(F64).clone())  # [D, D]
+            self.Z_res = nn.Parameter(g0.residual.to(dtype).clone())  # [D, D], Omega's layout
+            perm = residual_perm_of(g0.residual)
+            self.res_perm = perm if perm is not None else assignment(self.Z_res.detach().T)  # new j = old res_perm[j]
         if "residual_orth" in kinds:
             self.E_res = zeros(arch.d_model, arch.d_model)
 
@@ -178,82 +237,133 @@ class Transform(nn.Module):
         cont = [p for n, p in self.named_parameters() if not n.startswith("Z_")]
         return [g for g in ({"params": perm, "lr": LR["perm"]}, {"params": cont, "lr": LR["map"]}) if g["params"]]
 
-    # one function per class, shared by mats() (differentiable) and element() (hard)
+    @torch.no_grad()
+    def solve(self) -> None:
+        """Re-solve the hard permutations from the latents (one Hungarian per layer and class)."""
+        if "heads" in self.kinds:
+            self.head_perms = [gqa_assignment(Z, self.rep) for Z in self.Z_heads]
+        if "mlp" in self.kinds:
+            self.mlp_perms = [assignment(Z) for Z in self.Z_mlp]
+        if "residual_perm" in self.kinds:
+            self.res_perm = assignment(self.Z_res.T)  # Omega = P^T maximises tr(Omega^T Z)
 
-    def _head_perm(self, layer: int) -> Tensor:
-        return gqa_assignment(self.Z_heads[layer].detach(), self.rep)
+    # the continuous maps, one function per class, shared by maps() (self.dtype) and element() (float64)
 
-    def _mlp_perm(self, layer: int) -> Tensor:
-        return assignment(self.Z_mlp[layer].detach())
+    def _scale(self, layer: int, dtype: torch.dtype) -> Tensor:
+        return self.g0.layers[layer].mlp_scale.to(dtype) * self.e_scale[layer].to(dtype).exp()
 
-    def _scale(self, layer: int) -> Tensor:
-        return self.g0.layers[layer].mlp_scale.to(F64) * self.e_scale[layer].exp()
-
-    def _qk(self, layer: int) -> Tensor:
+    def _qk(self, layer: int, dtype: torch.dtype) -> Tensor:
         """A [h_kv, d, d]: GL(d) as A_0 (I + E); RoPE: pair scalars z_0 exp(e_r + i e_phi), GL on the rest."""
-        A0, d = self.g0.layers[layer].qk.to(F64), self.arch.d_head
+        A0, d = self.g0.layers[layer].qk.to(dtype), self.arch.d_head
+        E = self.E_qk[layer].to(dtype)
         if not self.rope:
-            return A0 @ (torch.eye(d, dtype=F64) + self.E_qk[layer])
+            return A0 @ (torch.eye(d, dtype=dtype) + E)
         r = self.arch.rotary_dim
-        e = self.e_rope[layer]  # [h_kv, r/2, 2]
+        e = self.e_rope[layer].to(dtype)  # [h_kv, r/2, 2]
         z = rope_scalars(A0, self.arch.rope_layout, r) * torch.polar(e[..., 0].exp(), e[..., 1])  # [h_kv, r/2]
-        zero, C, S = self.basis
+        zero, C, S = (t.to(dtype) for t in self.basis)
         A = zero + torch.einsum("kj,jde->kde", z.real, C) + torch.einsum("kj,jde->kde", z.imag, S)  # [h_kv, d, d]
         if r < d:  # partial RoPE: the unrotated block is GL(d - r)
-            G = A0[:, r:, r:] @ (torch.eye(d - r, dtype=F64) + self.E_qk[layer, :, r:, r:])  # [h_kv, d-r, d-r]
+            G = A0[:, r:, r:] @ (torch.eye(d - r, dtype=dtype) + E[:, r:, r:])  # [h_kv, d-r, d-r]
             A = torch.cat([A[:, :r], torch.cat([A[:, r:, :r], G], 2)], 1)  # [h_kv, d, d]
         return A
 
-    def _vo(self, layer: int) -> Tensor:
-        return self.g0.layers[layer].vo.to(F64) @ (torch.eye(self.arch.d_head, dtype=F64) + self.E_vo[layer])
+    def _vo(self, layer: int, dtype: torch.dtype) -> Tensor:
+        d = self.arch.d_head
+        return self.g0.layers[layer].vo.to(dtype) @ (torch.eye(d, dtype=dtype) + self.E_vo[layer].to(dtype))
 
-    def mats(self) -> tuple[dict[str, dict[str, Tensor]], bool]:
-        """Differentiable matrices per group for apply_dense, and whether the residual map is a permutation."""
-        out: dict[str, dict[str, Tensor]] = {}
-        g, rep = self.arch.n_kv_heads, self.rep
+    def maps(self) -> dict[str, dict]:
+        """What `act_ste` needs per group: (hard index, latent of its matrix P) per permutation, and the
+        continuous maps as differentiable tensors in the latents' dtype."""
+        out: dict[str, dict] = {}
+        g, rep, dt = self.arch.n_kv_heads, self.rep, self.dtype
         for layer in range(self.arch.n_layers):
             b = f"blocks.{layer}"
             if "heads" in self.kinds:
-                Z, hp = self.Z_heads[layer], self._head_perm(layer)  # [h, h], [h]
+                Z, hp = self.Z_heads[layer], self.head_perms[layer]  # [h, h], [h]
                 Z_kv = Z.reshape(g, rep, g, rep).sum((1, 3)) / rep  # [h_kv, h_kv] group-to-group scores
-                out[f"{b}.heads"] = {"perm": straight_through(perm_matrix(hp), Z),
-                                     "perm_kv": straight_through(perm_matrix(hp[::rep] // rep), Z_kv)}
+                out[f"{b}.heads"] = {"perm": (hp, Z), "perm_kv": (hp[::rep] // rep, Z_kv)}
             if "mlp" in self.kinds:
-                out[f"{b}.mlp"] = {"perm": straight_through(perm_matrix(self._mlp_perm(layer)), self.Z_mlp[layer])}
+                out[f"{b}.mlp"] = {"perm": (self.mlp_perms[layer], self.Z_mlp[layer])}
             if "mlp_scale" in self.kinds:
-                out[f"{b}.mlp_scale"] = {"scale": self._scale(layer)}
+                out[f"{b}.mlp_scale"] = {"scale": self._scale(layer, dt)}
             for kind, fn in (("qk", self._qk), ("vo", self._vo)):
                 if kind in self.kinds:
-                    M = fn(layer)
+                    M = fn(layer, dt)
                     out[f"{b}.{kind}"] = {"right": M, "right_inv_t": torch.linalg.inv(M).mT}
-        is_perm = "residual_perm" in self.kinds
-        if is_perm:
-            O = straight_through(residual_perm_from_scores(self.Z_res.detach()), self.Z_res)
-            out["residual"] = {"right": O, "right_inv_t": O}
+        if "residual_perm" in self.kinds:  # x Omega = P x along the axis with P = Omega^T
+            out["residual"] = {"index": (self.res_perm, self.Z_res.mT)}
         elif "residual_orth" in self.kinds:
-            O = newton_schulz_polar(self.g0.residual.to(F64) @ (torch.eye(self.arch.d_model, dtype=F64) + self.E_res))
+            O0, eye = self.g0.residual.to(dt), torch.eye(self.arch.d_model, dtype=dt)
+            O = newton_schulz_polar(O0 @ (eye + self.E_res))
             out["residual"] = {"right": O, "right_inv_t": O}
-        return out, is_perm
+        return out
 
     @torch.no_grad()
     def element(self) -> GroupElement:
-        """The hard, exact group element the latents stand for."""
+        """The hard, exact group element (float64) of the current hard permutations and latents."""
+        k = self.kinds
         layers = []
         for layer, el in enumerate(self.g0.layers):
-            k = self.kinds
             layers.append(LayerElement(
-                self._head_perm(layer) if "heads" in k else el.head_perm,
-                self._qk(layer).clone() if "qk" in k else el.qk,
-                self._vo(layer).clone() if "vo" in k else el.vo,
-                self._mlp_perm(layer) if "mlp" in k else el.mlp_perm,
-                self._scale(layer).clone() if "mlp_scale" in k else el.mlp_scale,
+                self.head_perms[layer],
+                self._qk(layer, F64) if "qk" in k else el.qk,
+                self._vo(layer, F64) if "vo" in k else el.vo,
+                self.mlp_perms[layer],
+                self._scale(layer, F64) if "mlp_scale" in k else el.mlp_scale,
             ))
         O = self.g0.residual.to(F64)
-        if "residual_perm" in self.kinds:
-            O = residual_perm_from_scores(self.Z_res)
-        elif "residual_orth" in self.kinds:
-            O = procrustes(O @ (torch.eye(self.arch.d_model, dtype=F64) + self.E_res))  # exact polar factor
+        if "residual_perm" in k:
+            O = residual_perm_matrix(self.res_perm)
+        elif "residual_orth" in k:
+            O = procrustes(O @ (torch.eye(self.arch.d_model, dtype=F64) + self.E_res.to(F64)))  # exact polar factor
         return GroupElement(tuple(layers), O)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loss and memory
+
+
+def items_per_pass(arch: Arch, x: Tensor, dtype: torch.dtype) -> int:
+    """Sequences / images per forward pass so that its logits stay under LOGIT_BYTES (at least one)."""
+    per_item = (x.shape[1] if arch.task == "lm" else 1) * arch.n_out * dtype.itemsize
+    return max(1, LOGIT_BYTES // per_item)
+
+
+@torch.no_grad()
+def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
+    total = 0.0
+    for i in range(0, len(x), per_pass):
+        total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * y[i:i + per_pass].numel()
+    return total / y.numel()
+
+
+def backward_loss(tw, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
+    """The mean task loss of `mid` on (x, y), back-propagated into the latents behind `mid`.
+
+    The model runs `per_pass` items at a time on detached weights whose gradients accumulate;
+    the group action's graph is then walked once, not once per micro-batch.
+    """
+    leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in mid.items()}
+    total = 0.0
+    for i in range(0, len(x), per_pass):
+        yi = y[i:i + per_pass]
+        loss = task_loss(functional_logits(tw, leaves, x[i:i + per_pass]), yi) * (yi.numel() / y.numel())
+        loss.backward()
+        total += float(loss.detach())
+    keys = [k for k, v in mid.items() if v.requires_grad and leaves[k].grad is not None]
+    torch.autograd.backward([mid[k] for k in keys], [leaves[k].grad for k in keys])
+    return total
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident memory so far (getrusage: KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def tensor_bytes(ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts if isinstance(t, Tensor))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,19 +375,15 @@ def relative(arch: Arch, g_a: GroupElement | None, g_b: GroupElement) -> GroupEl
     return g_b if g_a is None else compose(arch, invert(arch, g_a), g_b)
 
 
-@torch.no_grad()
-def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor) -> float:
-    total = 0.0
-    for i in range(0, len(x), CHUNK):
-        total += float(task_loss(forward(x[i:i + CHUNK]), y[i:i + CHUNK])) * y[i:i + CHUNK].numel()
-    return total / y.numel()
-
-
-def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int) -> dict:
+def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
+             time_budget_s: float | None = None) -> dict:
     """Adam on the latents of B's transform (and A's, if dual) on the interpolated task loss.
 
-    Returns the best hard elements seen on the validation batch (midpoint loss of theta_A and
-    g_A^{-1} g_B theta_B, the same function as the dual midpoint) and the training history.
+    Runs `steps` steps, or fewer when `time_budget_s` seconds of optimisation run out (checked
+    before each step). Returns the best hard elements seen on the validation batch (midpoint loss
+    of theta_A and g_A^{-1} g_B theta_B, the same function as the dual midpoint), the history, the
+    steps done and the memory it took: latent and Adam-state bytes, and the process's peak
+    resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
     """
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
@@ -285,53 +391,96 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int) -> d
     xv, yv = val_batch(arch, VAL_ITEMS[arch.task])
     check_twin(pair.model_a, tw, xv[:2])
     ref = next(tw.module.parameters())  # the weights live where the twin runs; the latents on the CPU
-    pa = {k: v.detach().to(ref.device, ref.dtype) for k, v in pair.params_a.items()}
-    pb = {k: v.detach().to(ref.device, ref.dtype) for k, v in pair.params_b.items()}
-    side_b = Transform(arch, spec, kinds, g0_b)
-    side_a = Transform(arch, spec, kinds, identity(arch)) if dual else None
-    groups = side_b.param_groups() + (side_a.param_groups() if side_a else [])
-    opt = torch.optim.Adam(groups) if groups else None
+    dtype, cuda = ref.dtype, ref.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(ref.device)
+    rss_before = peak_rss_bytes()
+    clock = tick()
+    pa = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_a.items()}
+    pb = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_b.items()}
+    side_b = Transform(arch, spec, kinds, g0_b, dtype)
+    side_a = Transform(arch, spec, kinds, identity(arch), dtype) if dual else None
+    sides = [s for s in (side_a, side_b) if s is not None]
+    groups = [g for s in sides for g in s.param_groups()]
+    opt = torch.optim.Adam(groups, foreach=False) if groups else None  # foreach would copy every latent
     batches = train_batches(arch, ctx.batch, ctx.seed)
     rng = random.Random(ctx.seed)
+    per_pass = items_per_pass(arch, xv, dtype)
+
+    def elements() -> tuple[GroupElement | None, GroupElement]:
+        return (side_a.element() if side_a else None), side_b.element()
 
     def val_midpoint(g_a: GroupElement | None, g_b: GroupElement) -> float:
         moved = apply(arch, relative(arch, g_a, g_b), pb, strict=False)
         mid = {k: 0.5 * pa[k] + 0.5 * moved[k] for k in pa}
-        return mean_loss(lambda x: functional_logits(tw, mid, x), xv, yv)
+        return mean_loss(lambda x: functional_logits(tw, mid, x), xv, yv, per_pass)
 
-    def current() -> tuple[GroupElement | None, GroupElement]:
-        return (side_a.element() if side_a else None), side_b.element()
+    best = elements()  # the start: its hard permutations are already Hungarian(Z)
+    best_val, best_step, solved_at = val_midpoint(*best), 0, 0
+    history = {"step": [0], "train_loss": [None], "val_midpoint_loss": [best_val], "seconds": [clock()]}
 
-    best_val = val_midpoint(*current())
-    best, best_step = current(), 0
-    history = {"step": [0], "train_loss": [None], "val_midpoint_loss": [best_val]}
+    def solve(step: int) -> None:
+        nonlocal solved_at
+        for s in sides:
+            s.solve()
+        solved_at = step
+
+    def check(step: int, loss: float) -> None:
+        nonlocal best, best_val, best_step
+        solve(step)
+        el = elements()
+        v = val_midpoint(*el)
+        for key, val in (("step", step), ("train_loss", loss), ("val_midpoint_loss", v), ("seconds", clock())):
+            history[key].append(val)
+        if v < best_val:
+            best_val, best, best_step = v, el, step
+        if ctx.progress:
+            ctx.progress(step, steps, f"midpoint loss {v:.4f}")
+
     every = max(1, steps // EVALS)
+    done, loss, stopped = 0, float("nan"), "steps"
+    t_opt = tick()
     for step in range(1, steps + 1 if opt else 1):
+        if time_budget_s is not None and clock() >= time_budget_s:
+            stopped = "time_budget"
+            break
+        if step - 1 - solved_at >= RESOLVE_EVERY:
+            solve(step - 1)
         x, y = next(batches)
         lam = rng.uniform(*LAMBDA)
-        mats_b, perm_b = side_b.mats()
-        theta_b = apply_dense(spec, mats_b, pb, perm_b)
-        if side_a is not None:
-            mats_a, perm_a = side_a.mats()
-            theta_a = apply_dense(spec, mats_a, pa, perm_a)
-        else:
-            theta_a = pa
+        theta_b = act_ste(spec, side_b.maps(), pb)
+        theta_a = act_ste(spec, side_a.maps(), pa) if side_a else pa
         mid = {k: (1 - lam) * theta_a[k] + lam * theta_b[k] for k in pa}
-        loss = task_loss(functional_logits(tw, mid, x), y)
+        del theta_a, theta_b
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = backward_loss(tw, mid, x, y, per_pass)
+        del mid
         opt.step()
+        done = step
         if step % every == 0 or step == steps:
-            v = val_midpoint(*current())
-            history["step"].append(step)
-            history["train_loss"].append(float(loss.detach()))
-            history["val_midpoint_loss"].append(v)
-            if v < best_val:
-                best_val, best, best_step = v, current(), step
-            if ctx.progress:
-                ctx.progress(step, steps, f"midpoint loss {v:.4f}")
+            check(step, loss)
+    if done and history["step"][-1] != done:  # stopped by the time budget between two checks
+        check(done, loss)
+    opt_seconds = t_opt()
+    latents = [p for s in sides for p in s.parameters()]
+    memory = {
+        "dtype": str(dtype).removeprefix("torch."),
+        "model_bytes": tensor_bytes(pair.params_a.values()),
+        "latent_bytes": tensor_bytes(latents),
+        "adam_state_bytes": tensor_bytes(v for st in (opt.state.values() if opt else []) for v in st.values()),
+        "peak_rss_bytes_before": rss_before,
+        "peak_rss_bytes": peak_rss_bytes(),
+    }
+    if cuda:
+        memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(ref.device)
     return {"g_a": best[0], "g_b": best[1], "best_step": best_step, "best_val_midpoint_loss": best_val,
-            "history": history, "steps": steps}
+            "history": history, "steps": steps, "steps_done": done, "stopped": stopped,
+            "time_budget_s": time_budget_s, "resolve_every": RESOLVE_EVERY,
+            "seconds_per_step": opt_seconds / done if done else None, "memory": memory}
+
+
+RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "best_step", "best_val_midpoint_loss",
+          "seconds_per_step", "memory", "history")
 
 
 def align_learned(ctx: AlignContext) -> AlignOutput:
@@ -339,6 +488,6 @@ def align_learned(ctx: AlignContext) -> AlignOutput:
     t = tick()
     g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure)
     t_init = t()
-    res = optimise(ctx, g0, dual=False, steps=ctx.steps or DEFAULT_STEPS)
-    info = {k: res[k] for k in ("steps", "best_step", "best_val_midpoint_loss", "history")}
+    res = optimise(ctx, g0, dual=False, steps=ctx.steps or DEFAULT_STEPS, time_budget_s=ctx.time_budget_s)
+    info = {k: res[k] for k in RECORD}
     return AlignOutput(res["g_b"], info | {"seconds": t(), "init_seconds": t_init})

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from engine.align import METHODS
-from engine.align.common import default_classes, model_for, prepare_pair, resolve_classes
+from engine.align.common import default_classes, functional_logits, model_for, prepare_pair, resolve_classes, task_loss
 from engine.align.dual import dual_identity
-from engine.align.learned import Transform, apply_dense
+from engine.align.learned import Transform, act_ste
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import (
     assignment,
@@ -25,7 +25,9 @@ from engine.align.solvers import (
     fit_rope,
     fit_scale,
     gqa_assignment,
+    perm_matrix,
     procrustes,
+    residual_perm_matrix,
     residual_perm_of,
     rope_scalars,
 )
@@ -242,21 +244,100 @@ def test_classes_restrict_the_element_and_bad_requests_fail_clearly():
 # The differentiable action and the dual identity
 
 
-@pytest.mark.parametrize("kw", [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu", "rotary_dim": 6},
-                                {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"}])
-def test_dense_action_equals_apply_for_hard_elements(kw):
+ACTION_CASES = [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu", "rotary_dim": 6},
+                {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"}]
+
+
+def action_case(kw: dict, seed: int = 4):
     a = randomise_norms(build(tiny(**kw), seed=0, dtype=F64), 1)
     kinds = default_classes(build_spec(a.arch, canonical(a)))
     pair = prepare_pair(a, a, kinds)
-    g = sample(pair.arch, kinds, seed=4)
-    T = Transform(pair.arch, pair.spec, kinds, g)
-    mats, is_perm = T.mats()
-    dense = apply_dense(pair.spec, mats, pair.params_a, is_perm)
+    g = sample(pair.arch, kinds, seed=seed)
+    return pair, kinds, g, Transform(pair.arch, pair.spec, kinds, g)
+
+
+@pytest.mark.parametrize("kw", ACTION_CASES)
+def test_gather_action_equals_apply_for_hard_elements(kw):
+    pair, kinds, g, T = action_case(kw)
+    moved = act_ste(pair.spec, T.maps(), pair.params_a)
     ref = apply(pair.arch, g, pair.params_a)
-    assert max(float((dense[k] - ref[k]).detach().abs().max()) for k in ref) < 1e-12
+    # bitwise, but for the Newton-Schulz polar factor of an already orthogonal residual map
+    tol = 1e-12 if "residual_orth" in kinds else 0.0
+    assert max(float((moved[k] - ref[k]).detach().abs().max()) for k in ref) <= tol
     e = T.element()
-    assert all(torch.equal(x.head_perm, y.head_perm) and (x.qk - y.qk).abs().max() < 1e-12
-               for x, y in zip(e.layers, g.layers))
+    assert all(torch.equal(x.head_perm, y.head_perm) and torch.equal(x.mlp_perm, y.mlp_perm)
+               and (x.qk - y.qk).abs().max() < 1e-12 for x, y in zip(e.layers, g.layers))
+    assert (e.residual - g.residual).abs().max() < 1e-12
+
+
+def dense_action(T: Transform, params: dict) -> dict:
+    """The former formulation, kept here as the gradient oracle: each permutation a straight-through
+    permutation MATRIX (value P, gradient Z's) multiplying the weights."""
+    def straight_through(hard, Z):
+        return hard + (Z - Z.detach())
+
+    mats = {}
+    for group, m in T.maps().items():
+        mats[group] = {}
+        for role, v in m.items():
+            if role in ("perm", "perm_kv"):
+                mats[group][role] = straight_through(perm_matrix(v[0]), v[1])
+            elif role == "index":  # the residual permutation as Omega (x <- x Omega), latent Z_res
+                O = straight_through(residual_perm_matrix(v[0]), T.Z_res)
+                mats[group] = {"right": O, "right_inv_t": O, "perm_matrix": O}
+            else:
+                mats[group][role] = v
+    out = {}
+    for key, ps in T.spec.params.items():
+        x = params[key]
+        for axis, acts in enumerate(ps.axes):
+            for a in acts:
+                if a.role in ("perm", "perm_kv") and a.group in mats:
+                    x = (x.movedim(axis, -1) @ mats[a.group][a.role].T).movedim(-1, axis)
+        for axis, acts in enumerate(ps.axes):
+            for a in acts:
+                m = mats.get(a.group)
+                if m is None:
+                    continue
+                if a.role in ("right", "right_inv_t"):
+                    M = m[a.role]
+                    if a.by_axis is None:
+                        x = (x.movedim(axis, -1) @ M).movedim(-1, axis)
+                    else:
+                        Ms = M[torch.arange(x.shape[a.by_axis]) // a.per]  # [size(by_axis), s, s]
+                        y = torch.einsum("i...s,ist->i...t", x.movedim((a.by_axis, axis), (0, -1)), Ms)
+                        x = y.movedim((0, -1), (a.by_axis, axis))
+                elif a.role in ("scale", "inv_scale"):
+                    shape = [1] * x.dim()
+                    shape[axis] = -1
+                    x = x * m["scale"].reshape(shape) if a.role == "scale" else x / m["scale"].reshape(shape)
+                elif a.role == "norm" and "perm_matrix" in m:
+                    x = (x.movedim(axis, -1) @ m["perm_matrix"]).movedim(-1, axis)
+        out[key] = x
+    return out
+
+
+@pytest.mark.parametrize("kw", ACTION_CASES)
+def test_gather_gradient_equals_the_dense_straight_through_gradient(kw):
+    pair, _, _, T = action_case(kw)
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # latents away from the start, so every class has a nontrivial map
+        for name, p in T.named_parameters():
+            p.add_(torch.randn(p.shape, generator=gen, dtype=F64) * (0.3 if name.startswith("Z_") else 0.05))
+    T.solve()
+    es = lm_eval_set("val", 64, n_ctx=16)
+    grads = []
+    for action in (lambda p: act_ste(pair.spec, T.maps(), p), lambda p: dense_action(T, p)):
+        T.zero_grad(set_to_none=True)
+        moved = action(pair.params_a)
+        mid = {k: 0.5 * pair.params_b[k] + 0.5 * moved[k] for k in moved}
+        task_loss(functional_logits(pair.model_a, mid, es.inputs[:4]), es.targets[:4]).backward()
+        grads.append({n: p.grad.clone() for n, p in T.named_parameters()})
+    new, old = grads
+    assert set(new) == set(old) and any(n.startswith("Z_mlp") for n in new)
+    for n in new:
+        assert old[n].abs().max() > 0, n  # every latent gets a gradient
+        assert torch.allclose(new[n], old[n], rtol=1e-10, atol=1e-10 * float(old[n].abs().max())), n
 
 
 def test_dual_identity_holds_for_random_elements():
