@@ -14,20 +14,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from ref_models import random_model, tiny
 from safetensors.torch import load_file, save_file
 
 from engine.align.common import default_classes, model_for, prepare_pair, twin
 from engine.align.run import align, endpoint_check
 from engine.cli import main
 from engine.diagnostics import break_tests, invariance_checks
-from engine.errors import ModelError
+from engine.errors import ModelError, SpecError
 from engine.evaluate import eval_set_for
 from engine.interpolate import interpolate
 from engine.models import canonical, family_of, hf_neox, load_model, model_logits, reference, set_canonical
 from engine.models.base import Model
 from engine.spec import build_spec
 from engine.symmetry import apply, fold_norms, invert, layernorm_to_rmsnorm, reference_config_from_arch, sample
-from ref_models import random_model, tiny
 
 F64 = torch.float64
 BASE = {"vocab_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 16,
@@ -182,7 +182,7 @@ def test_reference_twin_computes_the_same_logits(name: str):
 
 
 def test_twin_is_refused_when_the_reference_family_cannot_express_the_biases():
-    with pytest.raises(Exception, match="mixes them"):
+    with pytest.raises(SpecError, match="mixes them"):
         twin(make("no_attention_bias"))
 
 
@@ -355,6 +355,21 @@ def test_weight_matching_recovers_a_planted_element(name: str):
     assert endpoint_check(b, al, es, r["endpoint_loss_b"])["rel_diff"] < 1e-9
     naive = interpolate(a, b, es, points=3)  # random models: the unaligned midpoint is nearer uniform, not worse
     assert abs(naive["loss"][1] - r["loss"][1]) > 1e-2  # the planted element was not a no-op
+
+
+def test_activation_matching_recovers_a_planted_element_through_the_parallel_twin():
+    a = make("pythia")
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    pair = prepare_pair(a, a, kinds)
+    g_star = sample(pair.arch, kinds, seed=5)
+    b = model_for(pair.model_a, pair.arch, apply(pair.arch, g_star, pair.params_a))
+    al = align(a, b, "activation")  # statistics from the reference twin's hooks (parallel block)
+    want = invert(al.pair.arch, g_star)
+    for got, exp in zip(al.out.g.layers, want.layers):
+        assert torch.equal(got.head_perm, exp.head_perm) and torch.equal(got.mlp_perm, exp.mlp_perm)
+    err = max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max() / al.pair.params_a[k].abs().max())
+              for k in al.moved_params)
+    assert err < 1e-8
 
 
 # ---------------------------------------------------------------------------------------------
