@@ -37,6 +37,8 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     from engine.align import METHODS
     from engine.align.run import align, alignment_record, endpoint_check
 
+    from engine.resources import check_run  # memory from the configs alone: refuse before loading
+    check_run(cfg)
     t0 = time.perf_counter()
     a = load_named(cfg.model_a, cfg.dtype, cfg.device)
     b = load_named(cfg.model_b, cfg.dtype, cfg.device)

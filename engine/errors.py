@@ -13,6 +13,10 @@ class DataError(LMCError):
     """A corpus or image set that cannot be used (missing, empty, too short, not UTF-8)."""
 
 
+class ResourceError(LMCError):
+    """A run that would not fit the memory available on its device (estimated before it starts)."""
+
+
 class ModelError(LMCError):
     """A checkpoint or config that cannot be loaded (corrupt, pickled, unsupported, NaN weights)."""
 

@@ -1,0 +1,284 @@
+"""Say what a run needs before starting it: its peak memory, from the model configs alone.
+
+Each model directory's config is built on the meta device, which holds shapes without data: the
+parameter count comes from the real module (HF, timm or reference) and no weight file is read.
+
+Model of the peak, in bytes. P = parameters and buffers of one model, b = bytes per element of the
+run's dtype (4 float32, 8 float64); L layers, D d_model, h heads of d, m d_mlp, V vocabulary (or
+classes), T positions per sequence (LM windows of at most 128, a ViT's patches + class token):
+
+    endpoints      2 P b         both models, loaded
+    path model     1 P b         the one work model every grid point is lerped into
+                                 (engine.interpolate; the grid size does not change the peak)
+    aligned B      1 P b         g.theta_B, for every method but naive
+    method scratch
+      naive        0
+      weight       8 (4 h (D+1) D + 3 m^2 + 4 D^2 + 2 P_layer)
+                   float64 scratch of the layer being matched: both models' head circuits
+                   W_Q W_K^T and W_V W_O [h, D+1, D], the MLP cost [m, m] and its terms, the
+                   residual cross products [D, D], both models' layer (P_layer) in float64
+      activation   weight's scratch
+                   + 2 N_act L (2 D + m + 4 h d) b   both models' captured activations of one batch
+                   + N_act V b                        the batch's logits
+      learned      weight's scratch (its start)
+                   + 4 x 8 Z                          latents Z: value, gradient, two Adam moments
+                   + 4 P b                            moved and interpolated parameters, their gradients
+                   + N_tr L (6 D + 3 m + h T) b       activations kept for the backward pass
+                   + N_tr V (2 b + 2 x 8)             logits and their gradient, the float64 loss copy
+      dual         learned with both sides' latents (2 x 4 x 8 Z) and 6 P b
+    evaluation     one forward of engine.evaluate: items per batch x item bytes (logits + widest
+                   activations, at most EVAL_BUDGET_BYTES), and no larger than the evaluation set
+
+N_act, N_tr: the scored positions of one activation-matching / training batch (sequences of T, or
+images, whose logits count once per image). Z = L (h^2 + m^2 + m + 2 h_kv d^2 + h_kv r) + 2 D^2
+latents in float64 (every class; r the rotary dims). The evaluation set itself (token ids) is left
+out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
+the CPU, cudaMemGetInfo on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from engine.errors import LMCError, ModelError, ResourceError
+from engine.evaluate import item_bytes, items_per_batch, seq_len
+from engine.models.base import Arch
+
+F64_BYTES = 8
+METHOD_NAMES = {"weight": "weight matching scratch", "activation": "activation matching scratch",
+                "learned": "learned matching scratch", "dual": "dual matching scratch"}
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a run's memory depends on, from one model's config: architecture and element counts."""
+
+    family: str
+    arch: Arch
+    params: int  # parameters, tied ones once
+    buffers: int  # floating buffer elements (RoPE tables, ...)
+    other_buffer_bytes: int  # integer / boolean buffers (masks, position ids) at their own size
+    layer_params: int  # parameters of one block
+
+    def bytes(self, itemsize: int) -> int:
+        return (self.params + self.buffers) * itemsize + self.other_buffer_bytes
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A run's estimated peak memory: the total and its parts (bytes), on `device`."""
+
+    total_bytes: int
+    parts: dict[str, int] = field(default_factory=dict)
+    device: str = "cpu"
+    dtype: str = "float32"
+    params: int = 0  # of model A
+
+
+# ---------------------------------------------------------------------------------------------
+# Shapes from configs, on the meta device
+
+
+def _hf_module(config: dict, source: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    rest = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        hf = AutoConfig.for_model(config["model_type"], **rest)
+        return AutoModelForCausalLM.from_config(hf)
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelError(f"{source} could not be built from its config ({type(e).__name__}: {msg}).") from None
+
+
+def model_shape(path: str | Path) -> Shape:
+    """The shape of the model in directory `path`, from config.json alone (no weight file is read)."""
+    from engine.models import family_of
+    from engine.models.io import read_config
+
+    path = Path(path)
+    fam = family_of(path)  # reads config.json only
+    config = read_config(path)
+    source = f"Model directory {path}"
+    with torch.device("meta"):  # parameters get shapes, never storage
+        if fam.name == "reference":
+            from engine.models.reference import RefConfig, Transformer
+
+            rc = RefConfig.from_dict(config)
+            module, arch = Transformer(rc), rc.arch()
+        elif fam.name == "timm_vit":
+            from engine.models import timm_vit
+
+            module = timm_vit._create(config, source)
+            arch = timm_vit.arch(module, source)
+        else:  # the HF families: the adapter's own checks, then the module transformers builds
+            from engine.diagnostics import arch_from_config
+
+            arch = arch_from_config(config, source)
+            module = _hf_module(config, source)
+    params = sum(p.numel() for p in module.parameters())
+    floating = [b for b in module.buffers() if b.is_floating_point()]
+    others = [b for b in module.buffers() if not b.is_floating_point()]
+    stacks = [m for m in module.modules()
+              if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) == arch.n_layers > 0]
+    layer = sum(p.numel() for p in stacks[0][0].parameters()) if stacks else params // max(1, arch.n_layers)
+    return Shape(fam.name, arch, params, sum(b.numel() for b in floating),
+                 sum(b.numel() * b.element_size() for b in others), layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# The estimate
+
+
+def _latents(a: Arch) -> int:
+    """Learned-matching latents of one side, every class (see the module docstring: Z)."""
+    per_layer = a.n_heads**2 + a.d_mlp**2 + a.d_mlp + 2 * a.n_kv_heads * a.d_head**2 + a.n_kv_heads * a.rotary_dim
+    return a.n_layers * per_layer + 2 * a.d_model**2
+
+
+def _positions(a: Arch, items: int) -> tuple[int, int]:
+    """(positions, logit rows) of `items` sequences / images."""
+    T = seq_len(a)
+    return items * T, items * T if a.task == "lm" else items
+
+
+def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
+    """Peak scratch of an aligner beyond the models (bytes); the module docstring gives the arithmetic."""
+    a = shape.arch
+    D, h, d, m, L, V = a.d_model, a.n_heads, a.d_head, a.d_mlp, a.n_layers, a.n_out
+    if method == "naive":
+        return 0
+    weight = F64_BYTES * (4 * h * (D + 1) * D + 3 * m * m + 4 * D * D + 2 * shape.layer_params)
+    if method == "weight":
+        return weight
+    if method == "activation":
+        from engine.align.activation import ACT_BATCH
+
+        n, rows = _positions(a, ACT_BATCH[a.task])
+        return weight + 2 * n * L * (2 * D + m + 4 * h * d) * itemsize + rows * V * itemsize
+    if method in ("learned", "dual"):
+        from engine.align.common import AlignContext
+
+        sides = 2 if method == "dual" else 1
+        n, rows = _positions(a, AlignContext.__dataclass_fields__["batch"].default)
+        T = seq_len(a)
+        return (weight + sides * 4 * F64_BYTES * _latents(a) + (2 + 2 * sides) * shape.params * itemsize
+                + n * L * (6 * D + 3 * m + h * T) * itemsize + rows * V * (2 * itemsize + 2 * F64_BYTES))
+    raise LMCError(f"Method {method!r} has no memory model; choose one of: naive, {', '.join(METHOD_NAMES)}.")
+
+
+def evaluation_bytes(arch: Arch, itemsize: int, eval_items: int | None = None) -> int:
+    """One evaluation forward (engine.evaluate's batch rule), no larger than the evaluation set."""
+    itemsize = max(4, itemsize)  # losses are taken in float32 at least
+    n = items_per_batch(arch, itemsize)
+    if eval_items is not None:  # LM: eval_items counts tokens; ViT: images
+        n = min(n, math.ceil(eval_items / seq_len(arch)) if arch.task == "lm" else eval_items)
+    return max(1, n) * item_bytes(arch, itemsize)
+
+
+def _itemsize(dtype: str | torch.dtype) -> tuple[str, int]:
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch."), dtype.itemsize
+    if dtype not in DTYPE_BYTES:
+        raise LMCError(f"Unknown dtype {dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}.")
+    return dtype, DTYPE_BYTES[dtype]
+
+
+def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points: int = 21,
+                 eval_items: int | None = None, dtype: str | torch.dtype = "float32",
+                 device: str = "cpu") -> Estimate:
+    """The peak memory of aligning and interpolating the models in `model_dirs` (A, B), from configs.
+
+    `points` is accepted for the record: the path reuses one work model, so the grid size changes
+    the time of a run, not its memory.
+    """
+    if len(model_dirs) != 2:
+        raise LMCError(f"A run compares two models; got {len(model_dirs)} model directories.")
+    name, b = _itemsize(dtype)
+    sa, sb = (model_shape(p) for p in model_dirs)
+    parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}
+    if method != "naive":
+        parts["aligned B"] = sb.bytes(b)
+    scratch = method_scratch(sa, method, b)
+    if scratch:
+        parts[METHOD_NAMES[method]] = scratch
+    parts["evaluation"] = evaluation_bytes(sa.arch, b, eval_items)
+    return Estimate(sum(parts.values()), parts, device, name, sa.params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking and describing
+
+
+def available_bytes(device: str | torch.device = "cpu") -> int | None:
+    """Memory free for a new run on `device` (bytes), or None where it cannot be told."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0]) if torch.cuda.is_available() else None
+    if dev.type != "cpu":
+        return None
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return None
+
+
+def fmt_bytes(n: int) -> str:
+    """Decimal units, one decimal: 9.1 GB, 350.2 MB, 12.0 kB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= 0.1 * scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _parts(est: Estimate) -> str:
+    return ", ".join(f"{k} {fmt_bytes(v)}" for k, v in est.parts.items())
+
+
+def describe(est: Estimate) -> str:
+    """One line for the CLI: 'needs about X GB: endpoints ..., path model ... (cpu, float32)'."""
+    return f"needs about {fmt_bytes(est.total_bytes)}: {_parts(est)} ({est.device}, {est.dtype})"
+
+
+def check_fits(est: Estimate, device: str | torch.device | None = None,
+               available: int | Callable[[str | torch.device], int | None] | None = None) -> None:
+    """Raise ResourceError when `est` exceeds the memory free on `device` (default: the estimate's).
+
+    `available` overrides the measurement: a number of bytes, or a function of the device.
+    """
+    device = str(device if device is not None else est.device)
+    free = available(device) if callable(available) else available if available is not None else available_bytes(device)
+    if free is not None and est.total_bytes > free:
+        raise ResourceError(f"This run needs about {fmt_bytes(est.total_bytes)} ({_parts(est)}) but only "
+                            f"{fmt_bytes(free)} are available on {device}.")
+
+
+def _run_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def check_run(cfg, available: int | Callable[[str | torch.device], int | None] | None = None) -> Estimate:
+    """Estimate a RunConfig's memory from its models' configs and refuse it if it cannot fit."""
+    from engine.zoo import resolve
+
+    est = estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
+                       cfg.dtype, _run_device(cfg.device))
+    check_fits(est, available=available)
+    return est
