@@ -198,8 +198,12 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     `points` is accepted for the record: the path reuses one work model, so the grid size changes
     the time of a run, not its memory.
     """
+    from engine.align import METHODS
+
     if len(model_dirs) != 2:
         raise LMCError(f"A run compares two models; got {len(model_dirs)} model directories.")
+    if method not in METHODS:
+        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
     name, b = _itemsize(dtype)
     sa, sb = (model_shape(p) for p in model_dirs)
     parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}
