@@ -30,8 +30,23 @@ from engine.models.base import Arch, Params
 from engine.models.reference import RefConfig, rope_pairs
 from engine.spec import KINDS, ParamSpec, Spec, build_spec, check_arch
 
-__all__ = ["KINDS", "GroupElement", "LayerElement", "act", "apply", "element_maps", "compose", "fold_norms", "identity", "invert",
-           "layernorm_to_rmsnorm", "reference_config_from_arch", "rope_commutant", "sample"]
+__all__ = [
+    "KINDS",
+    "GroupElement",
+    "LayerElement",
+    "act",
+    "apply",
+    "compose",
+    "element_maps",
+    "fold_norms",
+    "identity",
+    "invert",
+    "layer_maps",
+    "layernorm_to_rmsnorm",
+    "reference_config_from_arch",
+    "rope_commutant",
+    "sample",
+]
 
 # Sampled elements have singular values in [e^-0.5, e^0.5] (condition number <= e): far enough from
 # the identity to test anything, close enough that float64 round trips stay at 1e-14.
@@ -280,18 +295,24 @@ def element_maps(g: GroupElement) -> dict[str, dict[str, Tensor] | None]:
         res = {"right": O, "right_inv_t": torch.linalg.inv(O).mT}
     mats: dict[str, dict[str, Tensor] | None] = {"residual": res}
     for i, el in enumerate(g.layers):
-        b = f"blocks.{i}"
-        A, B = el.qk.to(wide), el.vo.to(wide)
-        eye_d = torch.eye(A.shape[-1], dtype=wide, device=A.device).expand_as(A)  # [h_kv, d, d]
-        mats[f"{b}.qk"] = None if torch.equal(A, eye_d) else {"right": A, "right_inv_t": torch.linalg.inv(A).mT}
-        mats[f"{b}.vo"] = None if torch.equal(B, eye_d) else {"right": B, "right_inv_t": torch.linalg.inv(B).mT}
-        hp, mp = el.head_perm, el.mlp_perm
-        mats[f"{b}.heads"] = None if torch.equal(hp, torch.arange(len(hp), device=hp.device)) else {
-            "perm": hp, "perm_kv": el.kv_perm}
-        mats[f"{b}.mlp"] = None if torch.equal(mp, torch.arange(len(mp), device=mp.device)) else {"perm": mp}
-        sc = el.mlp_scale.to(wide)
-        mats[f"{b}.mlp_scale"] = None if bool((sc == 1).all()) else {"scale": sc}
+        mats |= layer_maps(i, el)
     return mats
+
+
+def layer_maps(layer: int, el: LayerElement) -> dict[str, dict[str, Tensor] | None]:
+    """`element_maps` of one block's part of an element."""
+    b, wide = f"blocks.{layer}", torch.float64
+    A, B = el.qk.to(wide), el.vo.to(wide)
+    eye_d = torch.eye(A.shape[-1], dtype=wide, device=A.device).expand_as(A)  # [h_kv, d, d]
+    hp, mp, sc = el.head_perm, el.mlp_perm, el.mlp_scale.to(wide)
+    return {
+        f"{b}.qk": None if torch.equal(A, eye_d) else {"right": A, "right_inv_t": torch.linalg.inv(A).mT},
+        f"{b}.vo": None if torch.equal(B, eye_d) else {"right": B, "right_inv_t": torch.linalg.inv(B).mT},
+        f"{b}.heads": None if torch.equal(hp, torch.arange(len(hp), device=hp.device)) else {
+            "perm": hp, "perm_kv": el.kv_perm},
+        f"{b}.mlp": None if torch.equal(mp, torch.arange(len(mp), device=mp.device)) else {"perm": mp},
+        f"{b}.mlp_scale": None if bool((sc == 1).all()) else {"scale": sc},
+    }
 
 
 def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> Tensor:

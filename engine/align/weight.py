@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, tick, to_f64
+from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, tick
 from engine.align.solvers import (
     assignment,
     fit_gl,
@@ -38,13 +38,15 @@ from engine.align.solvers import (
     residual_perm_from_scores,
     residual_perm_of,
 )
+from engine.interpolate import Progress
 from engine.models.base import Arch, Params
 from engine.spec import Spec
-from engine.symmetry import GroupElement, LayerElement, apply, identity, rope_commutant
+from engine.symmetry import GroupElement, LayerElement, act, element_maps, identity, layer_maps, rope_commutant
 
 MAX_SWEEPS = 30
 REL_TOL = 1e-6  # relative objective decrease below which a sweep counts as no change
-INIT_STEPS = 50  # linearised two-sided Procrustes steps for the starting Omega
+INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
+INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,15 +71,16 @@ def circuits(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor]:
     return M, N
 
 
-def summed_circuits(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:
     """sum_i W_Q^i W_K^iT, sum_i W_V^i W_O^i and W_in W_out [D, D]: invariant to every per-layer
     transform of MATH.md sections 1-2, and conjugated by the residual map (Omega^T X Omega)."""
     b, rep = f"blocks.{layer}", arch.n_heads // arch.n_kv_heads
-    K = p[f"{b}.attn.W_K"].repeat_interleave(rep, 0)  # [h, D, d]
-    V = p[f"{b}.attn.W_V"].repeat_interleave(rep, 0)  # [h, D, d]
-    M = (p[f"{b}.attn.W_Q"] @ K.mT).sum(0)  # [D, D]
-    N = (V @ p[f"{b}.attn.W_O"]).sum(0)  # [D, D]
-    return M, N, p[f"{b}.mlp.W_in"] @ p[f"{b}.mlp.W_out"]
+    w = {k: p[f"{b}.{k}"].detach().to("cpu", wd) for k in ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O",
+                                                            "mlp.W_in", "mlp.W_out")}
+    Q, O = w["attn.W_Q"].transpose(0, 1).flatten(1), w["attn.W_O"].flatten(0, 1)  # [D, h*d], [h*d, D]
+    K = w["attn.W_K"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
+    V = w["attn.W_V"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
+    return Q @ K.T, V @ O, w["mlp.W_in"] @ w["mlp.W_out"]  # sums over heads as one product each
 
 
 def _sqdist(X: Tensor, Y: Tensor) -> Tensor:
@@ -171,33 +174,75 @@ def match_mlp(arch: Arch, pa: Params, pb: Params, layer: int, kinds: frozenset[s
 
 
 # ---------------------------------------------------------------------------------------------
-# The residual stream
+# Streaming: one layer at a time, big products in the work dtype, small solves in float64
 
 
-def residual_rows(spec: Spec, p: Params, with_norms: bool) -> list[tuple[str, Tensor]]:
-    """Every parameter the residual map acts on, as rows [N, D] moving by x <- x Omega.
+SMALL_MODEL = 20_000_000  # parameters: below this every product runs in float64 (the zoo, the tests)
+
+
+def work_dtype(p: Params) -> torch.dtype:
+    """float64 for small models (exact answers, nothing to save); float32 products at scale."""
+    return F64 if sum(v.numel() for v in p.values()) <= SMALL_MODEL else torch.float32
+
+
+def layer_keys(spec: Spec) -> tuple[list[str], list[list[str]]]:
+    """Keys outside every block (embeddings, final norm, head) and the keys of each block."""
+    blocks: list[list[str]] = [[] for _ in range(spec.arch.n_layers)]
+    outer = []
+    for k in spec.params:
+        parts = k.split(".")
+        (blocks[int(parts[1])] if parts[0] == "blocks" else outer).append(k)
+    return outer, blocks
+
+
+def residual_axes(spec: Spec, with_norms: bool) -> dict[str, int]:
+    """Every parameter the residual map acts on, with its residual axis.
 
     Writers (W Omega) and readers (Omega^{-1} W = Omega^T W, i.e. the rows of W^T times Omega) both
     move as rows times Omega along their residual axis once Omega is orthogonal (MATH.md section 3).
     Norm gains follow only permutations (they are folded away before any rotation).
     """
-    out = []
-    for key, axis, act in spec.axes_of("residual"):
-        if act.role == "norm" and not with_norms:
-            continue
-        X = p[key].movedim(axis, -1)  # [..., D]
-        out.append((key, X.reshape(-1, X.shape[-1])))  # [N, D]
-    return out
+    return {key: axis for key, axis, a in spec.axes_of("residual") if with_norms or a.role != "norm"}
 
 
-def residual_cross(spec: Spec, pa: Params, pb: Params, perm: bool) -> Tensor:
-    """sum over residual-path parameters of X_B^T X_A [D, D] (solvers.cross)."""
-    rb = dict(residual_rows(spec, pb, perm))
-    D = spec.arch.d_model
-    M = torch.zeros(D, D, dtype=F64)
-    for key, Xa in residual_rows(spec, pa, perm):
-        M += rb[key].to(F64).T @ Xa.to(F64)
-    return M
+def _residual_rows(x: Tensor, axis: int) -> Tensor:
+    X = x.movedim(axis, -1)  # [..., D]
+    return X.reshape(-1, X.shape[-1])  # [N, D]
+
+
+def _only_residual(spec: Spec) -> set[str]:
+    """Parameters only the residual map acts on: embeddings, head, output biases (and norms)."""
+    return {k for k, ps in spec.params.items() if ps.axes and
+            all(a.group == "residual" for acts in ps.axes for a in acts)}
+
+
+class Terms:
+    """What the residual fit and the objective need of a set of parameters, accumulated as they stream by.
+
+    For residual parameters ||X_A - X_B Omega||^2 = ||X_A||^2 + ||X_B||^2 - 2 tr(Omega^T X_B^T X_A), so the
+    cross matrix M = sum X_B^T X_A [D, D] (float64) and the squared norms give the objective for any
+    orthogonal Omega; every other parameter adds its squared difference directly.
+    """
+
+    def __init__(self, D: int):
+        self.M = torch.zeros(D, D, dtype=F64)
+        self.sq = 0.0  # sum ||X_A||^2 + ||X_B||^2 over residual parameters
+        self.rest = 0.0  # sum ||A - B||^2 over the others
+
+    def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
+        if key in res:
+            Xa, Xb = _residual_rows(a, res[key]), _residual_rows(b, res[key])  # [N, D]
+            self.M += (Xb.mT @ Xa).to(F64)
+            self.sq += float(Xa.square().sum(dtype=F64) + Xb.square().sum(dtype=F64))
+        else:
+            self.rest += float((a - b).square().sum(dtype=F64))
+
+    def noise(self, wd: torch.dtype) -> float:
+        """The objective's rounding floor: below it, objective changes say nothing."""
+        return 10 * torch.finfo(wd).eps * self.sq
+
+    def objective(self, O: Tensor) -> float:
+        return max(0.0, self.rest + self.sq - 2 * float((O * self.M).sum()))
 
 
 def solve_residual(M: Tensor, perm: bool) -> Tensor:
@@ -205,93 +250,126 @@ def solve_residual(M: Tensor, perm: bool) -> Tensor:
     return residual_perm_from_scores(M) if perm else procrustes(M)
 
 
-def _outer_only(spec: Spec) -> set[str]:
-    """Parameters only the residual map acts on: embeddings, head, output biases (and norms)."""
-    return {k for k, ps in spec.params.items() if ps.axes and
-            all(a.group == "residual" for acts in ps.axes for a in acts)}
+def _moved(spec: Spec, mats: dict, p: Params, keys: list[str], wd: torch.dtype) -> Params:
+    """The parameters `keys` of p moved by the maps `mats` (symmetry.element_maps), in the work dtype."""
+    return {k: act(spec.params[k], mats, p[k].detach().to("cpu", wd)) for k in keys}
 
 
-def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool) -> Tensor:
+def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64) -> tuple[Tensor, dict]:
     """Omega from what no per-layer transform touches (MATH.md section 4; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
     the invariant circuits sum_i M_i, sum_i N_i, W_in W_out per layer, linearised around the current
     Omega: <X_A, Omega^T X_B Omega_k> + <X_A, Omega_k^T X_B Omega> gives X_B Omega_k X_A^T + X_B^T Omega_k X_A.
+    The linearised objective q(Omega) = <lin, Omega> + sum <Omega, X_B Omega X_A^T> comes for free with
+    each step; the fit stops when Omega repeats (permutations) or q stops rising (rotations).
     """
     arch = spec.arch
-    keep = _outer_only(spec)
-    rb = dict(residual_rows(spec, pb, perm))
+    res = residual_axes(spec, perm)
+    lin = Terms(arch.d_model)
+    for k in _only_residual(spec) & res.keys():
+        lin.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
     D = arch.d_model
-    lin = torch.zeros(D, D, dtype=F64)
-    for key, Xa in residual_rows(spec, pa, perm):
-        if key in keep:
-            lin += rb[key].to(F64).T @ Xa.to(F64)
-    quad = []
-    for layer in range(arch.n_layers):
-        quad += list(zip(summed_circuits(arch, pa, layer), summed_circuits(arch, pb, layer)))
-    O = solve_residual(lin, perm) if lin.abs().sum() > 0 else torch.eye(D, dtype=F64)
-    for _ in range(INIT_STEPS):
-        M = lin.clone()
-        for Xa, Xb in quad:
-            M += Xb @ O @ Xa.T + Xb.T @ O @ Xa
-        O_new = solve_residual(M, perm)
-        if torch.allclose(O_new, O, atol=1e-13, rtol=0):
+    Xa = torch.stack([X for layer in range(arch.n_layers) for X in summed_circuits(arch, pa, layer, wd)])  # [3L, D, D]
+    Xb = torch.stack([X for layer in range(arch.n_layers) for X in summed_circuits(arch, pb, layer, wd)])  # [3L, D, D]
+    O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)
+    best, best_q, seen, steps = O, -float("inf"), [], 0
+    for steps in range(1, INIT_STEPS + 1):
+        Ow = O.to(wd)
+        S1 = (Xb @ Ow @ Xa.mT).sum(0).to(F64)  # [D, D]
+        S2 = (Xb.mT @ Ow @ Xa).sum(0).to(F64)  # [D, D]
+        q = float((O * lin.M).sum() + (O * S1).sum())
+        if q > best_q:
+            gain, best, best_q = q - best_q, O, q
+        else:
+            break  # the linearisation stopped paying off: keep the best Omega seen
+        O_new = solve_residual(lin.M + S1 + S2, perm)
+        if (perm and any(torch.equal(O_new, P) for P in seen + [O])) or (
+                not perm and gain <= INIT_REL_TOL * abs(q)):
             break
+        seen.append(O)
         O = O_new
-    return O
+    return best, {"steps": steps, "objective": best_q}
 
 
 # ---------------------------------------------------------------------------------------------
 # Coordinate descent
 
 
-def _with_residual(arch: Arch, O: Tensor) -> GroupElement:
-    g = identity(arch)
-    return GroupElement(g.layers, O)
-
-
 def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = None,
-                 max_sweeps: int = MAX_SWEEPS) -> tuple[GroupElement, dict]:
-    """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history."""
+                 max_sweeps: int = MAX_SWEEPS, progress: Progress | None = None) -> tuple[GroupElement, dict]:
+    """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history.
+
+    Streams: each sweep visits one block at a time, moving only that block's parameters of B (by the
+    residual map for the per-layer problems, by the block's own transform for the residual fit); the
+    whole model is never copied. Every per-layer problem depends on Omega alone (their invariants do
+    not see each other), so a sweep whose new Omega equals the old one is a fixed point.
+    """
+    t = tick()
     arch, spec = pair.arch, pair.spec
-    pa, pb = to_f64(pair.params_a), to_f64(pair.params_b)
+    pa, pb = pair.params_a, pair.params_b
+    wd = work_dtype(pa)
     structure = qk_structure or spec.groups["blocks.0.qk"].structure
-    res = [k for k in RESIDUAL if k in kinds]
-    perm_res = res == ["residual_perm"]
+    res_kinds = [k for k in RESIDUAL if k in kinds]
+    perm_res = res_kinds == ["residual_perm"]
+    res = residual_axes(spec, perm_res) if res_kinds else {}
     D = arch.d_model
-    O = initial_residual(spec, pa, pb, perm_res) if res else torch.eye(D, dtype=F64)
-    history, prev = [], None
+    outer_keys, block_keys = layer_keys(spec)
+    outer = Terms(D)  # embeddings, final norm, head: no per-layer transform touches them
+    for k in outer_keys:
+        outer.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
+    init: dict = {}
+    O = torch.eye(D, dtype=F64)
+    if res_kinds:
+        O, init = initial_residual(spec, pa, pb, perm_res, wd)
+    init["seconds"] = t()
+    history, prev, stop = [], None, "max_sweeps"
     g = identity(arch)
     for sweep in range(max_sweeps):
-        pb_o = apply(arch, _with_residual(arch, O), pb, strict=False) if res else pb
+        mats_o = element_maps(GroupElement((), O)) if res_kinds else {}
+        terms = Terms(D)
+        terms.M += outer.M
+        terms.sq, terms.rest = outer.sq, outer.rest
         layers = []
-        for layer in range(arch.n_layers):
-            hp = match_heads(arch, pa, pb_o, layer) if "heads" in kinds else torch.arange(arch.n_heads)
-            A, B = within_head(arch, structure, pa, pb_o, layer, hp, kinds, g.layers[layer] if sweep else None)
-            mp, s = match_mlp(arch, pa, pb_o, layer, kinds)
-            layers.append(LayerElement(hp, A, B, mp, s))
-        g_layers = GroupElement(tuple(layers), torch.eye(D, dtype=F64))
-        # strict=False: membership is the exactness guard's job (and a test may force GL on RoPE)
-        O_new = solve_residual(residual_cross(spec, pa, apply(arch, g_layers, pb, strict=False), perm_res),
-                               perm_res) if res else O
+        for layer, keys in enumerate(block_keys):
+            la = {k: pa[k].detach().to("cpu", wd) for k in keys}
+            lb = _moved(spec, mats_o, pb, keys, wd)  # B's block seen through Omega
+            hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
+            A, B = within_head(arch, structure, la, lb, layer, hp, kinds, g.layers[layer] if sweep else None)
+            mp, s = match_mlp(arch, la, lb, layer, kinds)
+            el = LayerElement(hp, A, B, mp, s)
+            layers.append(el)
+            del lb
+            for k, v in _moved(spec, layer_maps(layer, el), pb, keys, wd).items():  # B's block moved by el alone
+                terms.add(res, k, la[k], v)
+            if progress:
+                progress(layer + 1, arch.n_layers, f"sweep {sweep + 1}: layer {layer + 1}/{arch.n_layers}")
+        O_new = solve_residual(terms.M, perm_res) if res_kinds else O
         g = GroupElement(tuple(layers), O_new)
-        moved = apply(arch, g, pb, strict=False)
-        f = float(sum((pa[k] - moved[k]).square().sum() for k in pa))
+        f = terms.objective(O_new)
         key = torch.cat([torch.cat([el.head_perm, el.mlp_perm]) for el in layers])
         dO = float((O_new - O).abs().max())
-        history.append({"sweep": sweep + 1, "objective": f, "residual_change": dO})
+        history.append({"sweep": sweep + 1, "objective": f, "residual_change": dO, "seconds": t()})
         # alternating continuous maps creep: stop once the permutations hold and the objective stalls
-        settled = prev is not None and torch.equal(key, prev[0]) and (dO < 1e-8 or prev[1] - f <= REL_TOL * f)
+        if dO == 0.0 and res_kinds:
+            stop = "fixed point (the residual map did not change)"
+        elif not res_kinds:
+            stop = "no residual map: one sweep solves every layer"
+        elif prev is not None and torch.equal(key, prev[0]) and dO < 1e-10:
+            stop = "permutations unchanged and the residual map settled"
+        elif prev is not None and torch.equal(key, prev[0]) and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f:
+            stop = f"permutations unchanged and objective decrease below {REL_TOL:g} relative"
         O, prev = O_new, (key, f)
-        if settled:
+        if stop != "max_sweeps":
             break
-    return g, {"sweeps": history}
+    return g, {"sweeps": history, "converged": stop != "max_sweeps", "stop": stop,
+               "initial_residual": init, "work_dtype": str(wd).removeprefix("torch.")}
 
 
 def align_weights(ctx: AlignContext) -> AlignOutput:
     """Data-free weight matching over ctx.classes (registry entry `weight`)."""
     t = tick()
-    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure)
+    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=ctx.progress)
     perm = residual_perm_of(g.residual)
     info |= {"seconds": t(), "residual_is_permutation": perm is not None}
     return AlignOutput(g, info)
