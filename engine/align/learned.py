@@ -219,7 +219,8 @@ class Transform(nn.Module):
         if "mlp_scale" in kinds:
             self.e_scale = zeros(L, arch.d_mlp)
         if "qk" in kinds:
-            self.E_qk = zeros(L, hkv, d, d)
+            if not self.rope or arch.rotary_dim < d:  # GL(d), or the GL(d - r) block of a partial RoPE
+                self.E_qk = zeros(L, hkv, d, d)
             if self.rope:
                 self.e_rope = zeros(L, hkv, arch.rotary_dim // 2, 2)  # (log-modulus, phase) per pair
                 self.basis = rope_basis(arch.rope_layout, arch.rotary_dim, d)
@@ -255,16 +256,15 @@ class Transform(nn.Module):
     def _qk(self, layer: int, dtype: torch.dtype) -> Tensor:
         """A [h_kv, d, d]: GL(d) as A_0 (I + E); RoPE: pair scalars z_0 exp(e_r + i e_phi), GL on the rest."""
         A0, d = self.g0.layers[layer].qk.to(dtype), self.arch.d_head
-        E = self.E_qk[layer].to(dtype)
         if not self.rope:
-            return A0 @ (torch.eye(d, dtype=dtype) + E)
+            return A0 @ (torch.eye(d, dtype=dtype) + self.E_qk[layer].to(dtype))
         r = self.arch.rotary_dim
         e = self.e_rope[layer].to(dtype)  # [h_kv, r/2, 2]
         z = rope_scalars(A0, self.arch.rope_layout, r) * torch.polar(e[..., 0].exp(), e[..., 1])  # [h_kv, r/2]
         zero, C, S = (t.to(dtype) for t in self.basis)
         A = zero + torch.einsum("kj,jde->kde", z.real, C) + torch.einsum("kj,jde->kde", z.imag, S)  # [h_kv, d, d]
         if r < d:  # partial RoPE: the unrotated block is GL(d - r)
-            G = A0[:, r:, r:] @ (torch.eye(d - r, dtype=dtype) + E[:, r:, r:])  # [h_kv, d-r, d-r]
+            G = A0[:, r:, r:] @ (torch.eye(d - r, dtype=dtype) + self.E_qk[layer, :, r:, r:].to(dtype))  # [h_kv, d-r, d-r]
             A = torch.cat([A[:, :r], torch.cat([A[:, r:, :r], G], 2)], 1)  # [h_kv, d, d]
         return A
 

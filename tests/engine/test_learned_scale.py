@@ -1,0 +1,103 @@
+"""Learned and dual matching at scale: the time budget, the memory record, the dual identity in the
+model's dtype, and a GPT-2-shaped pair with the full 50,257-token vocabulary (the `slow` marker:
+about a minute on two cores; `-m "not slow"` leaves it out)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.align import dual, learned
+from engine.align.common import AlignContext, default_classes, prepare_pair
+from engine.align.dual import dual_identity
+from engine.align.learned import align_learned
+from engine.align.run import align, endpoint_check
+from engine.align.weight import weight_match
+from engine.evaluate import eval_set_for, evaluate
+from engine.models import canonical, load_model
+from engine.models.reference import RefConfig, build
+from engine.spec import build_spec
+from engine.symmetry import sample
+
+F64 = torch.float64
+
+
+def tiny_pair(dtype=F64):
+    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, pe="rope")
+    a, b = build(cfg, seed=0, dtype=dtype), build(cfg, seed=1, dtype=dtype)
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    return prepare_pair(a, b, kinds), kinds
+
+
+def latent_count(arch, kinds) -> int:
+    """Entries of every latent of learned.Transform for the default classes (no mlp_scale)."""
+    L, h, hkv, d, m, D = arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_mlp, arch.d_model
+    n = L * (h * h + m * m + hkv * d * d)  # Z_heads, Z_mlp, E_vo
+    if arch.pe == "rope":  # full RoPE: one (log-modulus, phase) latent per pair, no GL(d) latent
+        assert arch.rotary_dim == d
+        n += L * hkv * arch.rotary_dim
+    else:
+        n += L * hkv * d * d  # E_qk
+    return n + D * D  # E_res (residual_orth) or Z_res (residual_perm)
+
+
+def test_time_budget_stops_the_optimisation_and_the_record_says_so():
+    pair, kinds = tiny_pair()
+    assert kinds == {"heads", "mlp", "qk", "vo", "residual_orth"}
+    out = align_learned(AlignContext(pair, kinds, steps=50, time_budget_s=0.0))
+    info = out.info
+    assert info["steps"] == 50 and info["steps_done"] == 0 and info["stopped"] == "time_budget"
+    assert info["history"]["step"] == [0] and info["best_step"] == 0 and info["seconds_per_step"] is None
+    g0, _ = weight_match(pair, kinds, None)  # nothing learned: the weight-matching start comes back
+    for got, start in zip(out.g.layers, g0.layers):
+        assert torch.equal(got.head_perm, start.head_perm) and torch.equal(got.mlp_perm, start.mlp_perm)
+        assert (got.qk - start.qk).abs().max() < 1e-12
+    info = align_learned(AlignContext(pair, kinds, steps=3)).info
+    assert info["steps_done"] == 3 and info["stopped"] == "steps" and info["history"]["step"] == [0, 1, 2, 3]
+    assert info["seconds_per_step"] > 0 and info["resolve_every"] == learned.RESOLVE_EVERY
+
+
+def test_memory_record_counts_latents_and_adam_state_in_the_model_dtype():
+    for dtype in (F64, torch.float32):
+        pair, kinds = tiny_pair(dtype)
+        mem = align_learned(AlignContext(pair, kinds, steps=2)).info["memory"]
+        assert mem["dtype"] == str(dtype).removeprefix("torch.")
+        assert mem["latent_bytes"] == latent_count(pair.arch, kinds) * dtype.itemsize
+        steps_bytes = 64 * len(pair.params_a)  # Adam's per-tensor step counters, generously
+        assert 2 * mem["latent_bytes"] <= mem["adam_state_bytes"] <= 2 * mem["latent_bytes"] + steps_bytes
+        assert mem["model_bytes"] == sum(v.numel() for v in pair.params_a.values()) * dtype.itemsize
+        assert 0 < mem["peak_rss_bytes_before"] <= mem["peak_rss_bytes"]
+
+
+def test_dual_identity_runs_in_the_model_dtype_above_the_size_limit(monkeypatch):
+    pair, kinds = tiny_pair(torch.float32)
+    g_a, g_b = sample(pair.arch, kinds, seed=5), sample(pair.arch, kinds, seed=6)
+    small = dual_identity(pair, g_a, g_b)
+    assert small["dtype"] == "float64" and small["holds"] and small["max_logit_relative_error"] < 1e-10
+    monkeypatch.setattr(dual, "IDENTITY_F64_MAX_PARAMS", 0)
+    big = dual_identity(pair, g_a, g_b)
+    assert big["dtype"] == "float32" and big["tolerance"] == dual.IDENTITY_TOLERANCE[torch.float32]
+    assert big["holds"] and 1e-10 < big["max_logit_relative_error"] < big["tolerance"]  # float32 rounding, not zero
+
+
+@pytest.mark.slow
+def test_gpt2_shaped_pair_with_the_full_vocabulary(tmp_path, monkeypatch):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 512})  # the vocabulary, not the batch, is under test
+    monkeypatch.setattr(dual, "IDENTITY_ITEMS", {"lm": 256})
+    for s in (0, 1):
+        torch.manual_seed(s)
+        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=50257)).save_pretrained(
+            tmp_path / f"m{s}", safe_serialization=True)
+    a, b = load_model(tmp_path / "m0"), load_model(tmp_path / "m1")
+    es = eval_set_for(a, "val", 256)
+    for method in ("learned", "dual"):
+        al = align(a, b, method, steps=2, compare_one_sided=False)
+        check = endpoint_check(b, al, es, evaluate(al.model_b, es)["loss"])  # raises unless exact
+        assert check["exact"] and check["rel_diff"] < 1e-4
+        info = al.out.info
+        assert info["steps_done"] == 2 and info["memory"]["dtype"] == "float32"
+        sides = 2 if method == "dual" else 1
+        assert info["memory"]["latent_bytes"] == sides * 4 * latent_count(al.pair.arch, al.classes)
+    assert "one_sided_same_budget" not in info and info["identity"]["holds"]
