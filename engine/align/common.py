@@ -73,7 +73,11 @@ def resolve_classes(spec: Spec, classes: tuple[str, ...] | list[str] | None) -> 
 
 @dataclass
 class Pair:
-    """Two same-architecture models in the coordinates the chosen classes act on."""
+    """Two same-architecture models in the coordinates the chosen classes act on.
+
+    params_a / params_b are views of model_a's / model_b's own tensors (engine.models.canonical with
+    copy=False): a pair costs no memory beyond its models, and aligners must not modify them.
+    """
 
     arch: Arch
     spec: Spec
@@ -106,7 +110,7 @@ def model_for(template: Model, arch: Arch, params: Params) -> Model:
 
 def prepare_pair(a: Model, b: Model, classes: frozenset[str]) -> Pair:
     """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used."""
-    pa, pb = canonical(a), canonical(b)
+    pa, pb = canonical(a, copy=False), canonical(b, copy=False)  # views: aligners only read them
     arch = a.arch
     if "residual_orth" not in classes:
         return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "")
@@ -117,11 +121,12 @@ def prepare_pair(a: Model, b: Model, classes: frozenset[str]) -> Pair:
         arch_a = arch_b = replace(arch_a, tied_embeddings=False) if arch_a.tied_embeddings else arch_a
         for p in (pa, pb):
             p.setdefault("head.W", p["embed.tok"].T.clone())  # [D, V]
-    dtype = next(iter(canonical(a).values())).dtype
+    dtype = next(iter(canonical(a, copy=False).values())).dtype
     pa = {k: v.to(dtype) for k, v in pa.items()}
     pb = {k: v.to(dtype) for k, v in pb.items()}
     ma, mb = model_for(a, arch_a, pa), model_for(b, arch_b, pb)
-    return Pair(arch_a, build_spec(arch_a, pa), canonical(ma), canonical(mb), ma, mb, rewrite.__name__)
+    return Pair(arch_a, build_spec(arch_a, pa), canonical(ma, copy=False), canonical(mb, copy=False), ma, mb,
+                rewrite.__name__)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,7 +143,7 @@ def twin(model: Model) -> Model:
     """
     if model.family == "reference":
         return model
-    params = canonical(model)
+    params = canonical(model, copy=False)
     try:
         return model_for(model, replace(model.arch, family="reference"), params)
     except SpecError as e:
@@ -256,11 +261,11 @@ def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
     objective; divided by ||theta_A||^2 + ||theta_B||^2 so 1 means unrelated and 0 identical."""
     num: dict[str, float] = {}
     den: dict[str, float] = {}
-    for k in pa:
-        a, b = pa[k].detach().to("cpu", F64), pb[k].detach().to("cpu", F64)
+    for k in pa:  # in the parameters' own dtype: no float64 copy of an embedding matrix
+        a, b = pa[k].detach(), pb[k].detach()
         L = layer_of(k)
         num[L] = num.get(L, 0.0) + float((a - b).square().sum())
-        den[L] = den.get(L, 0.0) + float(a.square().sum() + b.square().sum())
+        den[L] = den.get(L, 0.0) + float(a.square().sum()) + float(b.square().sum())
     return {L: num[L] / den[L] if den[L] > 0 else 0.0 for L in num}
 
 

@@ -29,9 +29,9 @@ from engine.align.common import (
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import Progress, check_same_architecture
-from engine.models import Model, canonical
+from engine.models import Model, canonical, set_canonical
 from engine.spec import build_spec
-from engine.symmetry import GroupElement, LayerElement, apply
+from engine.symmetry import GroupElement, LayerElement, act, apply, element_maps
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # relative loss change allowed as float error
 
@@ -48,26 +48,69 @@ class Aligned:
     model_b: Model
     moved_params: dict
     seconds: float
+    costs_before: dict  # matching_costs of the pair before alignment
+    in_place: bool = False  # model_b is pair.model_b itself, moved (its original weights are gone)
 
 
 def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] | list[str] | None = (),
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
-          compare_one_sided: bool = True) -> Aligned:
-    """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model)."""
+          compare_one_sided: bool = True, in_place: bool = False) -> Aligned:
+    """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model).
+
+    in_place=True writes g.theta_B into B's own tensors (pair.model_b: `b` itself unless the norms were
+    rewritten into a twin) instead of a copy, so a run holds no model beyond A, B and the path; the
+    caller must have measured what it needs of the original B first (endpoint_check's `loss_b`).
+    Approximate classes keep the copy: their exactness check needs the original B.
+    """
     t = tick()
     check_same_architecture(a, b)
     if method not in METHODS:
         raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
-    kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a)), classes)
+    kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a, copy=False)), classes)
     pair = prepare_pair(a, b, kinds)
+    costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided)
     out = METHODS[method].fn(ctx)
     if method == "naive":
-        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t())
+        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before)
+    if in_place and not kinds & pair.spec.approximate:
+        move_in_place(pair, out.g)
+        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before, True)
     # strict=False: group membership is judged by its effect, by the exactness guard below
     moved = apply(pair.arch, out.g, pair.params_b, strict=False)
-    return Aligned(method, kinds, pair, out, pair.model_a, model_for(pair.model_b, pair.arch, moved), moved, t())
+    return Aligned(method, kinds, pair, out, pair.model_a, model_for(pair.model_b, pair.arch, moved), moved, t(),
+                   costs_before)
+
+
+BIG_PARAM = 1 << 22  # elements: larger parameters move in their own dtype (no float64 transient)
+
+
+@torch.no_grad()
+def move_in_place(pair: Pair, g: GroupElement) -> None:
+    """Write g.theta_B into pair.model_b's own tensors, one parameter at a time.
+
+    pair.params_b are views of the module (prepare_pair), so each moved parameter is copied straight
+    back into its view; a parameter the adapter could only hand out as a copy (a fused layout it had
+    to reshape) is collected and written through the family's from_canonical at the end. Parameters
+    up to BIG_PARAM elements move in float64; bigger ones (embeddings) in their own dtype, where a
+    permutation is exact and a rotation costs one rounding.
+    """
+    model, spec, views = pair.model_b, pair.spec, pair.params_b
+    storage = {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
+    maps = element_maps(g)
+    pending = {}
+    for key, ps in spec.params.items():
+        v = views[key]
+        wide = v if v.numel() > BIG_PARAM else v.to(torch.promote_types(v.dtype, torch.float64))
+        new = act(ps, maps, wide).to(v.dtype)
+        if v.untyped_storage().data_ptr() in storage:
+            v.copy_(new)
+        else:
+            pending[key] = new
+    if pending:
+        set_canonical(model, views | pending)
+        pair.params_b.update(canonical(model, copy=False))
 
 
 def restrict(g: GroupElement, kinds: frozenset[str]) -> GroupElement:
@@ -90,11 +133,12 @@ def _relative(u: float, v: float) -> float:
     return abs(u - v) / max(abs(v), 1e-30)
 
 
-def endpoint_check(b: Model, al: Aligned, es: EvalSet, loss_moved: float) -> dict:
+def endpoint_check(b: Model, al: Aligned, es: EvalSet, loss_moved: float, loss_b: float | None = None) -> dict:
     """Compare the moved model's loss with the original B's on `es`; raise ExactnessError on a violation.
 
-    `loss_moved` is the path's endpoint at lam = 1 (already evaluated). With approximate classes the
-    transform without them is evaluated as well and must be exact.
+    `loss_moved` is the path's endpoint at lam = 1 (already evaluated); `loss_b` the original B's loss,
+    required when B was moved in place (it is evaluated here otherwise). With approximate classes
+    the transform without them is evaluated as well and must be exact.
     """
     dtype = next(b.module.parameters()).dtype
     tol = TOLERANCE.get(dtype, 1e-4)
@@ -102,7 +146,10 @@ def endpoint_check(b: Model, al: Aligned, es: EvalSet, loss_moved: float) -> dic
            "exact": True, "approximate_classes": [], "rewrite": al.pair.rewrite}
     if al.method == "naive":
         return rec
-    loss_b = evaluate(b, es)["loss"]
+    if loss_b is None:
+        if al.in_place and al.model_b is b:
+            raise LMCError("B was moved in place: pass its loss before alignment to the endpoint check.")
+        loss_b = evaluate(b, es)["loss"]
     rel = _relative(loss_moved, loss_b)
     approx = sorted(al.classes & al.pair.spec.approximate)
     rec |= {"loss_b": loss_b, "abs_diff": abs(loss_moved - loss_b), "rel_diff": rel, "approximate_classes": approx}
@@ -135,8 +182,7 @@ def alignment_record(al: Aligned) -> dict:
         "groups": {k: pair.spec.describe(k) for k in sorted(al.classes)},
         "rewrite": pair.rewrite,
         "element": describe_element(pair, g, al.classes),
-        "matching_cost": {"before": matching_costs(pair.params_a, pair.params_b),
-                          "after": matching_costs(pair.params_a, al.moved_params)},
+        "matching_cost": {"before": al.costs_before, "after": matching_costs(pair.params_a, al.moved_params)},
         "diagnostics": al.out.info,
         "seconds": al.seconds,
     }

@@ -16,6 +16,8 @@ takes old index perm[i]. Everything here is float64 and deterministic.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -86,6 +88,18 @@ def residual_perm_of(Omega: Tensor) -> Tensor | None:
 # Orthogonal maps
 
 
+@contextmanager
+def single_thread() -> Iterator[None]:
+    """Small d x d solves on one thread: on a busy machine extra BLAS / OpenMP threads only wait (20x slower)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with threadpool_limits(1):
+            yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def procrustes(M: Tensor) -> Tensor:
     """argmax over O(n) of tr(Omega^T M): the polar factor U V^T of M = U S V^T."""
     U, _, Vh = torch.linalg.svd(M.to(F64))
@@ -116,15 +130,36 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
     P rows move by A (W_Q, or W_V), Q rows by A^{-T} (W_K, or W_O^T). Start: the best of the
     orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the two
     one-sided least-squares fits (exact for a planted GL map) and `start` (a warm start); then
-    L-BFGS on the true objective. Without Q rows the problem is linear least squares.
+    L-BFGS on the true objective. Everything after the four d x d Gram matrices per stack is d x d
+    work, run on one thread (small problems: more threads only wait on each other).
     """
     P_A, P_B, Q_A, Q_B = (x.to(F64) for x in (P_A, P_B, Q_A, Q_B))
+    g = {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B, "qa": Q_B.mT @ Q_A}  # [n, d, d] each
+    with single_thread():
+        return _fit_gl(P_A, P_B, Q_A, Q_B, g, start, max_iter)
+
+
+def _solve(G: Tensor, R: Tensor) -> Tensor:
+    """G^{-1} R per stack (normal equations of a least-squares fit); the minimum-norm fit where G is singular."""
+    X, info = torch.linalg.solve_ex(G, R)  # [n, d, d]
+    if bool((info != 0).any()):
+        X = torch.where((info == 0)[:, None, None], X, torch.linalg.pinv(G, hermitian=True) @ R)
+    return X
+
+
+def _inv_or_nan(X: Tensor) -> Tensor:
+    Y, info = torch.linalg.inv_ex(X)  # [n, d, d]
+    return torch.where((info == 0)[:, None, None], Y, torch.full_like(Y, float("nan")))
+
+
+def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Tensor], start: Tensor | None,
+            max_iter: int) -> Tensor:
     if Q_A.shape[-2] == 0:
-        return torch.linalg.lstsq(P_B, P_A).solution  # [n, d, d]
+        return _solve(g["pp"], g["pa"])  # [n, d, d]: plain least squares
     n, d = P_A.shape[0], P_A.shape[-1]
-    cands = [procrustes(torch.cat([P_B, Q_B], -2).mT @ torch.cat([P_A, Q_A], -2)),  # [n, d, d]
-             torch.linalg.lstsq(P_B, P_A).solution,  # [n, d, d]
-             torch.linalg.inv(torch.linalg.lstsq(Q_B, Q_A).solution).mT]  # [n, d, d], fitted as A^{-T}
+    cands = [procrustes(g["pa"] + g["qa"]),  # [n, d, d]
+             _solve(g["pp"], g["pa"]),  # [n, d, d]
+             _inv_or_nan(_solve(g["qq"], g["qa"])).mT]  # [n, d, d], fitted as A^{-T}
     if start is not None:
         cands.append(start.to(F64))
 
@@ -142,12 +177,12 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
         vals.append(per_stack(c))
     pick = torch.stack(vals).argmin(0)  # [n]
     A0 = torch.stack([cands[int(k)][i] for i, k in enumerate(pick)])  # [n, d, d]
+    A0 = torch.where(torch.isfinite(A0).all((-2, -1))[:, None, None], A0, eye)
     f0 = per_stack(A0)
     if float(f0.max()) <= 1e-24:
         return A0
     # L-BFGS on Gram matrices: every evaluation is a few d x d products (scipy, analytic gradient)
-    g = {k: v.numpy() for k, v in {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B,
-                                   "qa": Q_B.mT @ Q_A}.items()}  # [n, d, d] each
+    g = {k: v.numpy() for k, v in g.items()}  # [n, d, d] each
     c0 = float(P_A.square().sum() + Q_A.square().sum())
 
     def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
@@ -162,9 +197,8 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
         G = 2 * (g["pp"] @ A - g["pa"]) - B @ G_B.transpose(0, 2, 1) @ B  # d/dA of the B term: -B G_B^T B
         return float(f), G.reshape(-1)  # [n*d*d]
 
-    with threadpool_limits(1):  # d x d products: BLAS threads are pure overhead (20x slower on a busy machine)
-        res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
-                       options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
+    res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
+                   options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
     A = torch.from_numpy(res.x.reshape(n, d, d).copy())  # [n, d, d]
     ok = torch.isfinite(A).all((-2, -1))
     A = torch.where(ok[:, None, None], A, A0)

@@ -13,6 +13,7 @@ import torch
 from engine.errors import ModelError
 from engine.models import hf_gpt2, hf_llama, hf_neox, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
+from engine.models.native import fresh
 
 FAMILIES: dict[str, Family] = {
     reference.ENTRY.name: reference.ENTRY,
@@ -41,8 +42,11 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
     return family_of(Path(path)).load(Path(path), dtype=dtype)
 
 
-def canonical(model: Model) -> Params:
-    return FAMILIES[model.family].to_canonical(model)
+def canonical(model: Model, copy: bool = True) -> Params:
+    """The canonical params of `model`: fresh contiguous tensors, or with copy=False views of the module's
+    own storage where the layout allows (no memory; never modify them in place unless you mean the model)."""
+    p = FAMILIES[model.family].to_canonical(model)
+    return {k: fresh(v) for k, v in p.items()} if copy else p
 
 
 def set_canonical(model: Model, params: Params) -> None:

@@ -106,6 +106,6 @@ class Family:
     detect: Callable[[Path], bool]  # does this directory hold a checkpoint of this family
     load: Callable[..., Model]  # load(path, dtype=torch.float32) -> Model
     save: Callable[[Model, Path], None]
-    to_canonical: Callable[[Model], Params]
+    to_canonical: Callable[[Model], Params]  # views of the module's tensors (engine.models.canonical copies)
     from_canonical: Callable[[Model, Params], None]  # in place: copies into the module's tensors
     logits: Callable[[Model, torch.Tensor], torch.Tensor]  # inputs -> [..., n_out]

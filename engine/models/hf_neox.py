@@ -187,7 +187,7 @@ def to_canonical(model: Model) -> Params:
     p |= {"norm_f.g": nx.final_layer_norm.weight, "norm_f.b": nx.final_layer_norm.bias}
     if not a.tied_embeddings:
         p["head.W"] = model.module.lm_head.weight.T  # [D, V]
-    return {k: nat.fresh(v) for k, v in p.items()}
+    return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
 
 
 def from_canonical(model: Model, params: Params) -> None:

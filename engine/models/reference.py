@@ -374,7 +374,7 @@ def save(model: Model, path: Path) -> None:
 
 
 def to_canonical(model: Model) -> Params:
-    return {k: v.detach().clone() for k, v in model.module.state_dict().items()}
+    return {k: v.detach() for k, v in model.module.state_dict().items()}  # views: engine.models.canonical copies them
 
 
 def from_canonical(model: Model, params: Params) -> None:

@@ -279,7 +279,7 @@ def to_canonical(model: Model) -> Params:
     p |= {"norm_f.g": m.norm.weight, "norm_f.b": m.norm.bias, "head.W": m.head.weight.T}  # head.W [D, n]
     if a.head_bias:
         p["head.b"] = m.head.bias
-    return {k: nat.fresh(v) for k, v in p.items()}
+    return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
 
 
 def from_canonical(model: Model, params: Params) -> None:

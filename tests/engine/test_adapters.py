@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError
-from engine.models import FAMILIES, family_of, hf_gpt2, hf_llama, hf_neox, load_model, reference, timm_vit
+from engine.models import FAMILIES, canonical, family_of, hf_gpt2, hf_llama, hf_neox, load_model, reference, timm_vit
 from engine.models.base import Model
 from engine.models.reference import RefConfig
 
@@ -145,7 +145,7 @@ def test_canonical_round_trip_into_another_module(case: Case):
     with torch.no_grad():
         la, lb = fam.logits(a, x), fam.logits(b, x)
         assert rel_err(lb, la) > 1e-2  # genuinely different models to begin with
-        params = fam.to_canonical(a)
+        params = canonical(a)  # the registry's copy, not the adapter's views
         ptrs = {k: p.data_ptr() for k, p in b.module.named_parameters()}
         fam.from_canonical(b, params)
         assert {k: p.data_ptr() for k, p in b.module.named_parameters()} == ptrs  # written in place
@@ -158,7 +158,7 @@ def test_canonical_round_trip_into_another_module(case: Case):
 
 def test_canonical_shapes_follow_the_arch(case: Case):
     model = case.build(0)
-    a, p = model.arch, FAMILIES[case.family].to_canonical(model)
+    a, p = model.arch, canonical(model)
     D, h, hkv, d, m = a.d_model, a.n_heads, a.n_kv_heads, a.d_head, a.d_mlp
     for l in range(a.n_layers):
         assert p[f"blocks.{l}.attn.W_Q"].shape == (h, D, d)
@@ -345,3 +345,16 @@ def test_unsupported_timm_architecture_defaults_are_refused(tmp_path: Path):
     save_file({}, str(path / "model.safetensors"))
     assert family_of(path).name == "timm_vit"
     _raises_naming(path, lambda: load_model(path), "reg_tokens=4")
+
+
+def test_adapter_views_alias_the_module_and_canonical_copies_do_not(case: Case):
+    """The adapters hand out views (alignment streams over them without copying the model);
+    engine.models.canonical copies unless asked for views."""
+    model = case.build(0)
+    storages = {p.untyped_storage().data_ptr() for p in model.module.state_dict().values()}
+    views, copies = FAMILIES[case.family].to_canonical(model), canonical(model)
+    assert views.keys() == copies.keys()
+    shared = [k for k, v in views.items() if v.untyped_storage().data_ptr() in storages]
+    assert len(shared) >= len(views) - 2  # at most a couple of reshaped copies (e.g. a fused layout)
+    assert not any(v.untyped_storage().data_ptr() in storages for v in copies.values())
+    assert all(torch.equal(views[k], copies[k]) for k in views)
