@@ -58,12 +58,28 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A checkpoint's own tokenizer, loaded from its local directory (never from the hub)."""
+    """A checkpoint's own tokenizer, loaded from its local directory (never from the hub).
+
+    Nothing in the directory is executed: a tokenizer_config.json or config.json with `auto_map`
+    (Python code shipped with the checkpoint) is refused, and transformers is told never to trust
+    remote code, so it cannot ask on a terminal either. A broken tokenizer file is one sentence.
+    """
 
     def __init__(self, path: str | Path):
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        from engine.errors import ModelError
+        from engine.models.io import read_json_object, refuse_code
+
+        for name in ("tokenizer_config.json", "config.json"):
+            f = Path(path) / name
+            if f.exists() or f.is_symlink():
+                refuse_code(read_json_object(f), str(f))
+        try:
+            self.tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        except Exception as e:  # noqa: BLE001 - transformers and tokenizers raise many types (a Rust error is a bare Exception)
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelError(f"The tokenizer in {path} cannot be loaded ({type(e).__name__}: {msg[:200]}).") from None
         self.vocab_size = len(self.tok)
         self.name = f"hf:{Path(path).name}"
 

@@ -31,3 +31,7 @@ class SpecError(LMCError):
 
 class ExactnessError(LMCError):
     """A transform that should preserve the function changed it beyond float error."""
+
+
+class OutputError(LMCError):
+    """An output location that cannot or must not be written (not a directory, someone else's files, an input)."""

@@ -75,6 +75,11 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
     if tok is not None and tok.vocab_size > model.arch.n_out:
         raise DataError(f"The tokenizer in {model.path} has {tok.vocab_size} tokens, more than the "
                         f"model's vocabulary of {model.arch.n_out}.")
+    from engine.data import BYTE_VOCAB
+
+    if tok is None and model.arch.n_out < BYTE_VOCAB:
+        raise DataError(f"Model {model.name or model.path} has a vocabulary of {model.arch.n_out} and ships no "
+                        f"tokenizer; byte-level evaluation text needs at least {BYTE_VOCAB} tokens.")
     return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), tokenizer=tok)
 
 

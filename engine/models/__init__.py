@@ -13,6 +13,7 @@ import torch
 from engine.errors import ModelError
 from engine.models import hf_gpt2, hf_llama, hf_neox, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
+from engine.models.io import check_output_dir, read_config
 from engine.models.native import fresh
 
 FAMILIES: dict[str, Family] = {
@@ -29,6 +30,8 @@ def family_of(path: Path) -> Family:
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"Model path {path} is not a directory.")
+    if (path / "config.json").exists() or (path / "config.json").is_symlink():
+        read_config(path)  # names the problem (not JSON, not an object, auto_map, ...) before detection
     for fam in FAMILIES.values():
         if fam.detect(path):
             return fam
@@ -53,7 +56,10 @@ def set_canonical(model: Model, params: Params) -> None:
     FAMILIES[model.family].from_canonical(model, params)
 
 
-def save_model(model: Model, path: str | Path) -> None:
+def save_model(model: Model, path: str | Path, overwrite: bool = False, inputs: tuple = ()) -> None:
+    """Save in the family's own format into directory `path` (engine.models.io.check_output_dir rules:
+    a non-empty directory the tool did not write needs `overwrite`; an input directory is refused)."""
+    check_output_dir(path, overwrite, inputs=(model.path, *inputs))
     FAMILIES[model.family].save(model, Path(path))
 
 

@@ -1,45 +1,221 @@
-"""Checkpoint files: config.json + model.safetensors, read with clear errors, written atomically.
+"""Checkpoint files and output locations: read with clear errors, written without losing anything.
 
-Pickled checkpoints (.bin, .pt, .pth) are refused: loading them runs arbitrary code.
+Reading. Every config.json goes through `read_config`: a regular file (a symlink is followed, but
+never to a device, a directory or a huge file), valid JSON holding an object, no `auto_map` (which
+asks to run Python shipped with the checkpoint: nothing in a model directory is ever executed), and
+optionally type-checked field by field (`check_fields`), so a string where a size belongs or zero
+heads is one sentence naming the field, never a traceback deep inside a model constructor. Weights
+are safetensors only: pickled checkpoints (.bin, .pt, .pth) are refused, loading them runs code.
+
+Writing. Nothing the tool did not write is deleted or replaced:
+- an output directory is written into, file by file (each atomically), like `save_pretrained`; the
+  directories the tool creates carry a marker file, and `check_output_dir` refuses a non-empty
+  directory without it (unless the caller overwrites on purpose) and any input model directory;
+- an output file is written to a temporary file beside its target, then moved over it; a symlink is
+  written through (its target is replaced, not the link), and anything but a regular file as the
+  target (a directory, a device, a fifo) is refused.
+Output locations are checked before a computation starts (`check_output_file`, `check_output_dir`),
+so a result is never computed only to be lost at the end.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import fields
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from engine.errors import ModelError
+from engine.errors import ModelError, OutputError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+MAX_JSON_BYTES = 16 * 2**20  # a config or record larger than this is not one
+MARKER = ".lmc-explorer-output"  # in every directory the tool creates: it may write there again
+MARKER_TEXT = "Written by LMC Explorer (python -m engine). Files of its own names here may be rewritten.\n"
+# Files a save writes; of these only stale weight shards and the tool's own extras are removed, and
+# only from a directory that carries the marker.
+OWN_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "generation_config.json",
+             "metrics.json")
+OWN_SHARDS = "model-*-of-*.safetensors"
 
 
-def read_config(path: Path) -> dict:
-    f = Path(path) / "config.json"
-    if not f.is_file():
-        raise ModelError(f"Model directory {path} has no config.json.")
-    return read_json_object(f)
+def _short(v, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
 
 
-def read_json_object(f: Path) -> dict:
-    """A JSON file holding an object, with clear errors when it is missing, unreadable or not an object."""
+# ---------------------------------------------------------------------------------------------
+# Reading configs
+
+
+def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = MAX_JSON_BYTES) -> dict:
+    """A JSON file holding an object, with one clear sentence for every way it can be unusable.
+
+    A symlink is followed; its target must be a regular file of at most MAX_JSON_BYTES (a link to
+    /dev/zero or to a directory would otherwise hang or crash the reader).
+    """
     f = Path(f)
-    if not f.is_file():
-        raise ModelError(f"{f} does not exist.")
+    name = what or str(f)
+    if not os.path.lexists(f):
+        raise ModelError(f"{name} does not exist.")
     try:
-        cfg = json.loads(f.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelError(f"{f} is not valid JSON ({e}).") from None
-    if not isinstance(cfg, dict):
-        raise ModelError(f"{f} does not hold a JSON object.")
+        st = f.stat()
+    except FileNotFoundError:
+        raise ModelError(f"{name} is a symbolic link to {os.readlink(f)}, which does not exist.") from None
+    except OSError as e:
+        raise ModelError(f"{name} cannot be read ({e.strerror}).") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ModelError(f"{name} is {kind}.")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise ModelError(f"{name} is {st.st_size:,} bytes, too large for a JSON config (at most {max_bytes:,}).")
+    try:
+        text = f.read_bytes().decode("utf-8")
+        obj = json.loads(text, parse_constant=_no_constant)
+    except OSError as e:
+        raise ModelError(f"{name} cannot be read ({e.strerror}).") from None
+    except UnicodeDecodeError as e:
+        raise ModelError(f"{name} is not UTF-8 text (bad byte at offset {e.start}).") from None
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{name} is not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}).") from None
+    except ValueError as e:  # NaN / Infinity, which JSON does not have
+        raise ModelError(f"{name} is not valid JSON ({e}).") from None
+    except RecursionError:
+        raise ModelError(f"{name} is not a usable JSON file: it nests too deeply.") from None
+    if not isinstance(obj, dict):
+        raise ModelError(f"{name} holds a JSON {type(obj).__name__}, not an object.")
+    return obj
+
+
+def _no_constant(c: str):
+    raise ValueError(f"{c} is not a JSON value")
+
+
+def refuse_code(cfg: dict, name: str) -> None:
+    """Refuse a config that asks to run Python shipped with the checkpoint (transformers' `auto_map`)."""
+    if "auto_map" in cfg:
+        raise ModelError(
+            f"{name} has an auto_map entry, which asks to run Python code from the model directory; "
+            "the engine never runs code from a checkpoint."
+        )
+
+
+def read_config(path: Path, rules: Mapping | None = None) -> dict:
+    """config.json of a model directory: a JSON object without auto_map, fields checked by `rules`."""
+    path = Path(path)
+    f = path / "config.json"
+    if not os.path.lexists(f):
+        raise ModelError(f"Model directory {path} has no config.json.")
+    cfg = read_json_object(f)
+    refuse_code(cfg, str(f))
+    if rules:
+        check_fields(cfg, rules, str(f))
     return cfg
+
+
+# Field kinds for check_fields: each is (test, what the value must be).
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _num(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
+
+
+KINDS: dict[str, tuple[Callable[[object], bool], str]] = {
+    "size": (lambda v: _int(v) and v > 0, "a positive integer"),
+    "opt_size": (lambda v: v is None or (_int(v) and v > 0), "a positive integer or null"),
+    "count": (lambda v: _int(v) and v >= 0, "a non-negative integer"),
+    "size_or_pair": (lambda v: (_int(v) and v > 0) or (isinstance(v, list) and len(v) == 2
+                                                       and all(_int(x) and x > 0 for x in v)),
+                     "a positive integer or a pair of them"),
+    "positive": (lambda v: _num(v) and v > 0, "a positive finite number"),
+    "nonneg": (lambda v: _num(v) and v >= 0, "a non-negative finite number"),
+    "finite": (_num, "a finite number"),
+    "fraction": (lambda v: _num(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "opt_fraction": (lambda v: v is None or (_num(v) and 0 <= v <= 1), "a number in [0, 1] or null"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "opt_bool": (lambda v: v is None or isinstance(v, bool), "true, false or null"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "opt_str": (lambda v: v is None or isinstance(v, str), "a string or null"),
+    "opt_dict": (lambda v: v is None or isinstance(v, dict), "an object or null"),
+}
+
+
+def check_fields(cfg: Mapping, rules: Mapping, source: str) -> None:
+    """Refuse the first field of `cfg` whose value is not of its kind in `rules` (absent fields pass).
+
+    `rules` maps a key to a kind of KINDS, or to a nested rules dict for an object-valued field
+    (which may also be null).
+    """
+    for key, kind in rules.items():
+        if key not in cfg:
+            continue
+        v = cfg[key]
+        if isinstance(kind, Mapping):
+            if v is None:
+                continue
+            if not isinstance(v, Mapping):
+                raise ModelError(f"{source}: {key} must be an object, not {_short(v)}.")
+            check_fields(v, kind, f"{source}: {key}")
+            continue
+        ok, what = KINDS[kind]
+        if not ok(v):
+            raise ModelError(f"{source}: {key} must be {what}, not {_short(v)}.")
+
+
+def check_dataclass_fields(obj, source: str, positive: Iterable[str] = (), nonneg: Iterable[str] = ()) -> None:
+    """Type-check a config dataclass against its annotations (int, float, bool, str), with ranges.
+
+    A dataclass built from JSON otherwise takes "4" or 4.5 for an int field and fails later, deep in
+    a constructor; this names the field instead. int fields are non-negative integers (`positive`:
+    at least 1); float fields are finite numbers, integers included (`positive` / `nonneg` ranges).
+    """
+    positive, nonneg = set(positive), set(nonneg)
+    kinds = {"int": ("size", "count", "count"), "float": ("positive", "nonneg", "finite"),
+             "bool": ("bool",) * 3, "str": ("str",) * 3}
+    rules = {}
+    for f in fields(obj):
+        t = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
+        if t in kinds:
+            rules[f.name] = kinds[t][0 if f.name in positive else 1 if f.name in nonneg else 2]
+    check_fields({f.name: getattr(obj, f.name) for f in fields(obj)}, rules, source)
+
+
+# Fields of Hugging Face configs (GPT-2, Llama, GPT-NeoX, ...) that the adapters read: checked before
+# transformers builds anything, because its constructors take "4" or 0 heads and fail much later.
+HF_RULES: dict = {
+    "model_type": "str",
+    "n_embd": "size", "n_head": "size", "n_layer": "size", "n_positions": "size", "n_ctx": "size",
+    "n_inner": "opt_size", "vocab_size": "size",
+    "hidden_size": "size", "num_attention_heads": "size", "num_hidden_layers": "size",
+    "intermediate_size": "size", "max_position_embeddings": "size", "num_key_value_heads": "opt_size",
+    "head_dim": "opt_size",
+    "layer_norm_epsilon": "nonneg", "layer_norm_eps": "nonneg", "rms_norm_eps": "nonneg",
+    "rope_theta": "positive", "rotary_emb_base": "positive", "rotary_pct": "fraction",
+    "partial_rotary_factor": "fraction",
+    "attn_pdrop": "opt_fraction", "resid_pdrop": "opt_fraction", "embd_pdrop": "opt_fraction",
+    "attention_dropout": "opt_fraction", "hidden_dropout": "opt_fraction",
+    "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool", "scale_attn_weights": "bool",
+    "scale_attn_by_inverse_layer_idx": "bool", "add_cross_attention": "bool", "reorder_and_upcast_attn": "bool",
+    "use_parallel_residual": "bool", "use_cache": "bool",
+    "activation_function": "str", "hidden_act": "str",
+    "rope_parameters": {"rope_type": "str", "rope_theta": "positive", "partial_rotary_factor": "fraction",
+                        "factor": "positive"},
+    "rope_scaling": "opt_dict",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading weights
 
 
 def refuse_pickles(path: Path) -> None:
@@ -52,7 +228,7 @@ def refuse_pickles(path: Path) -> None:
 
 
 def read_safetensors(file: Path, expected: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
-    """Load a safetensors file; check keys and shapes against `expected` and refuse NaN/inf."""
+    """Load a safetensors file; check keys, shapes and dtypes against `expected`, refuse NaN/inf."""
     file = Path(file)
     if not file.is_file():
         refuse_pickles(file.parent)
@@ -69,8 +245,34 @@ def read_safetensors(file: Path, expected: dict[str, torch.Tensor] | None = None
         for k, v in expected.items():
             if tuple(state[k].shape) != tuple(v.shape):
                 raise ModelError(f"{file}: tensor {k} has shape {tuple(state[k].shape)}, config says {tuple(v.shape)}.")
+            if v.is_floating_point() and not state[k].is_floating_point():
+                raise ModelError(f"{file}: tensor {k} holds {str(state[k].dtype).removeprefix('torch.')} values; "
+                                 "model weights must be floating point.")
     check_finite(state, str(file))
     return state
+
+
+def check_float_weights(path: Path, parameter_names: Iterable[str]) -> None:
+    """Refuse safetensors in `path` that store a model parameter as integers or booleans.
+
+    A loader would cast them to float without a word; weights that were never floating point are a
+    broken or foreign checkpoint. Non-float tensors that are no parameter (masks, counters) pass.
+    `parameter_names` are the module's names; a file key matches one equal to it or ending in it.
+    """
+    from safetensors import safe_open
+
+    names = list(parameter_names)
+    for f in sorted(Path(path).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as sf:
+                for k in sf.keys():  # noqa: SIM118 - a safe_open handle is not a dict
+                    dt = sf.get_slice(k).get_dtype()
+                    if dt.startswith(("F", "BF")):  # F16, F32, F64, BF16, F8_*
+                        continue
+                    if any(n == k or n.endswith("." + k) or k.endswith("." + n) for n in names):
+                        raise ModelError(f"{f}: tensor {k} holds {dt} values; model weights must be floating point.")
+        except (SafetensorError, OSError) as e:
+            raise ModelError(f"{f} is not a readable safetensors file ({e}).") from None
 
 
 def check_finite(state: dict[str, torch.Tensor], name: str) -> None:
@@ -79,54 +281,184 @@ def check_finite(state: dict[str, torch.Tensor], name: str) -> None:
             raise ModelError(f"{name}: tensor {k} contains NaN or infinite values.")
 
 
-def write_checkpoint(path: Path, config: dict, state: dict[str, torch.Tensor], extra: dict[str, str] | None = None) -> None:
-    """Write config.json + model.safetensors (+ extra text files) into `path`, atomically.
+# ---------------------------------------------------------------------------------------------
+# Checking output locations (before any work)
 
-    Everything goes to a temporary sibling directory first, which then replaces `path`, so an
-    interrupted save never leaves a half-written checkpoint.
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_parent(target: Path, name: str) -> None:
+    """The directory that will hold `target` exists and is writable, or can be created."""
+    anc = _nearest_existing(target.parent)
+    if not anc.is_dir():
+        raise OutputError(f"{name}: {anc} is not a directory, so nothing can be written under it.")
+    if not os.access(anc, os.W_OK | os.X_OK):
+        raise OutputError(f"{name}: directory {anc} is not writable.")
+
+
+def check_output_file(file: str | Path, name: str = "Output file") -> Path:
+    """The path a result file will really be written to (a symlink resolved), checked before any work.
+
+    Refuses a target that exists but is not a regular file, a parent that is a file or is not
+    writable, and an existing file that is not writable.
     """
+    file = Path(file)
+    label = f"{name} {file}"
+    if str(file) == "" or file.name in ("", ".", ".."):
+        raise OutputError(f"{label} names a directory, not a file.")
+    target = Path(os.path.realpath(file)) if file.is_symlink() else file.absolute()
+    if os.path.lexists(target):
+        try:
+            st = target.stat()
+        except OSError as e:
+            raise OutputError(f"{label} cannot be checked ({e.strerror}).") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{label} is a directory; give a file name.")
+        if not stat.S_ISREG(st.st_mode):
+            raise OutputError(f"{label} exists and is not a regular file (a device, fifo or socket); "
+                              "the tool only replaces regular files.")
+        if not os.access(target, os.W_OK):
+            raise OutputError(f"{label} is not writable.")
+    _check_parent(target, label)
+    return target
 
-    def fill(tmp: Path) -> None:
-        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        for name, text in (extra or {}).items():
-            (tmp / name).write_text(text)
 
-    write_dir_atomic(path, fill)
+def _resolved(p: str | Path) -> Path:
+    return Path(os.path.realpath(Path(p)))
 
 
-def write_dir_atomic(path: Path, fill: Callable[[Path], None]) -> None:
-    """Run `fill` on a fresh temporary sibling directory of `path`, then swap it in for `path`.
+def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable[str | Path | None] = (),
+                     name: str = "Output directory") -> Path:
+    """The directory a checkpoint will be written into (resolved), checked before any work.
 
-    An interrupted write never leaves a half-written directory: on any error the temporary one is removed.
+    Refused: a path that is not a directory; a non-empty directory without the tool's marker (unless
+    `overwrite`: files of the tool's own names are then replaced, nothing else is touched); any of
+    the input model directories `inputs`, even with `overwrite`; an unwritable location.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        fill(tmp)
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    label = f"{name} {path}"
+    target = _resolved(path)
+    for inp in inputs:
+        if inp is not None and _resolved(inp) == target:
+            raise OutputError(f"{label} is an input model directory; write the output somewhere else.")
+    if os.path.lexists(target):
+        if not target.is_dir():
+            raise OutputError(f"{label} exists and is not a directory.")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise OutputError(f"{label} is not writable.")
+        entries = sorted(p.name for p in target.iterdir())
+        if entries and MARKER not in entries and not overwrite:
+            shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
+            raise OutputError(
+                f"{label} already holds files the tool did not write ({shown}); choose a new or empty "
+                "directory, or pass --overwrite to replace only the files of a checkpoint there."
+            )
+        if overwrite:
+            for n in OWN_FILES:
+                p = target / n
+                if os.path.lexists(p) and not p.is_file():
+                    raise OutputError(f"{label}: {n} there is not a regular file; the tool will not replace it.")
+        return target
+    _check_parent(target, label)
+    return target
 
 
-def write_json_atomic(file: Path, obj) -> None:
-    file = Path(file)
-    file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{file.name}.", dir=file.parent)
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _new_file_mode() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
+    """`write(tmp)` into a temporary file beside the real target of `file`, then move it over the target.
+
+    A symlink is written through; a target that is not a regular file is refused; the permissions of
+    a replaced file are kept. An interrupted write leaves the old file untouched.
+    """
+    target = check_output_file(file)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    mode = target.stat().st_mode & 0o7777 if target.exists() else _new_file_mode()
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, file)
+        write(Path(tmp))
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        raise OutputError(f"Could not write {file} ({e.strerror or e}).") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
+
+
+def write_json_atomic(file: Path, obj) -> Path:
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=1)
+            f.write("\n")
+
+    return write_file_atomic(Path(file), write)
+
+
+def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
+    """Run `fill` on a temporary directory inside `path`, then move each file it wrote into `path`.
+
+    Like `save_pretrained`: the directory is written into, never swapped or emptied. Each file is
+    replaced atomically; a directory the tool creates (or finds empty) gets the marker; stale files of
+    the tool's own names (old weight shards, metrics of an earlier model) are removed only from a
+    directory that carries the marker. Files of other names are never touched.
+    """
+    path = _resolved(path)
+    if os.path.lexists(path) and not path.is_dir():
+        raise OutputError(f"Output directory {path} exists and is not a directory.")
+    try:
+        fresh = not path.exists() or not any(path.iterdir())
+        path.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            (path / MARKER).write_text(MARKER_TEXT)
+        tmp = Path(tempfile.mkdtemp(prefix=".lmc-save-", dir=path))
+    except OSError as e:
+        raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
+    try:
+        fill(tmp)
+        written = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        mode = _new_file_mode()  # writers of temporary files (safetensors) may leave them private
+        for n in written:
+            dst = path / n
+            if os.path.lexists(dst) and not dst.is_file():
+                raise OutputError(f"Output directory {path}: {n} there is not a regular file; it was left alone.")
+            os.chmod(tmp / n, mode)
+            os.replace(tmp / n, dst)
+        if (path / MARKER).is_file():
+            stale = [path / n for n in OWN_FILES if n not in written] + list(path.glob(OWN_SHARDS))
+            for p in stale:
+                if p.name not in written and p.is_file() and not p.is_symlink():
+                    p.unlink()
+    except OSError as e:
+        raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def write_checkpoint(path: Path, config: dict, state: dict[str, torch.Tensor], extra: dict[str, str] | None = None) -> None:
+    """Write config.json + model.safetensors (+ extra text files) into directory `path`, file by file."""
+
+    def fill(tmp: Path) -> None:
+        save_file({k: v.detach().contiguous().cpu() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        for name, text in (extra or {}).items():
+            (tmp / name).write_text(text)
+
+    write_into_dir(path, fill)

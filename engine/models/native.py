@@ -17,7 +17,7 @@ import torch
 from safetensors import SafetensorError
 
 from engine.errors import ModelError
-from engine.models.io import check_finite, read_config, refuse_pickles, write_dir_atomic
+from engine.models.io import HF_RULES, check_finite, check_float_weights, read_config, refuse_pickles, write_into_dir
 
 if TYPE_CHECKING:
     from torch import nn
@@ -82,7 +82,10 @@ def copy_into(module: nn.Module, native: dict[str, torch.Tensor]) -> None:
 
 
 def hf_model_type(path: Path) -> str | None:
-    """The model_type of an HF checkpoint directory, or None (cheap: reads config.json only)."""
+    """The model_type of an HF checkpoint directory, or None (cheap: reads config.json only).
+
+    An unreadable config is None here; `engine.models.family_of` reads it first and names the problem.
+    """
     try:
         cfg = read_config(Path(path))
     except ModelError:
@@ -104,7 +107,7 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
     if not path.is_dir():
         raise ModelError(f"Model path {path} is not a directory.")
     refuse_pickles(path)
-    cfg = read_config(path)
+    cfg = read_config(path, HF_RULES)  # JSON object, no auto_map, sizes and flags of the right types
     if cfg.get("model_type") != model_type:
         raise ModelError(
             f"Model directory {path} has model_type {cfg.get('model_type')!r}, not {model_type!r} ({display})."
@@ -113,11 +116,12 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
         raise ModelError(f"Model directory {path} has no model.safetensors.")
     try:
         module, info = cls.from_pretrained(
-            str(path), local_files_only=True, use_safetensors=True, dtype=dtype,
+            str(path), local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False,
             attn_implementation="sdpa",  # eager attention in some HF models runs softmax in float32
             output_loading_info=True,
         )
-    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError) as e:
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError,
+            ArithmeticError, AssertionError, IndexError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelError(
             f"Model directory {path} could not be loaded as {display} ({type(e).__name__}: {msg})."
@@ -126,17 +130,17 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
     if any(bad.values()):
         detail = "; ".join(f"{k.replace('_', ' ')} {v[:3]}" for k, v in bad.items() if v)
         raise ModelError(f"Model directory {path} does not match its config ({detail}).")
+    check_float_weights(path, [k for k, _ in module.named_parameters()])
     check_finite(dict(module.state_dict()), f"Model directory {path}")
     return module.eval()
 
 
 def save_hf(module, path: Path) -> None:
-    """`save_pretrained` (safetensors) into a temporary sibling directory, then swapped in.
+    """`save_pretrained` (safetensors) into a temporary directory, then each file moved into `path`.
 
-    An interrupted save never leaves a half-written checkpoint (the same pattern as
-    engine.models.io.write_checkpoint, via write_dir_atomic).
+    The directory is written into, never swapped or emptied (engine.models.io.write_into_dir).
     """
-    write_dir_atomic(path, lambda tmp: module.save_pretrained(str(tmp)))
+    write_into_dir(path, lambda tmp: module.save_pretrained(str(tmp)))
 
 
 @contextmanager

@@ -12,7 +12,6 @@ Saved as config.json + model.safetensors; a reload is bit-identical.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -23,6 +22,7 @@ from torch import nn
 
 from engine.errors import ModelError
 from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Family, Model, Params
+from engine.models.io import check_dataclass_fields
 
 FAMILY = "reference"
 
@@ -58,6 +58,11 @@ class RefConfig:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ModelError(f"Reference config: {msg}.")
+
+        check_dataclass_fields(self, "Reference config", nonneg=("norm_eps", "rope_base"), positive=(
+            "n_layers", "d_model", "n_heads", "d_mlp", "vocab_size", "n_ctx", "image_size",
+            "patch_size", "in_chans", "n_classes"))  # types and ranges first: "4" or 0 heads, by name
+        need(self.pe != "rope" or self.rope_base > 0, f"rope_base must be positive with RoPE, not {self.rope_base}")
 
         need(self.task in ("lm", "vit"), f"task must be lm or vit, not {self.task!r}")
         need(self.pe in PE_KINDS, f"pe must be one of {PE_KINDS}, not {self.pe!r}")
@@ -352,8 +357,12 @@ def build(cfg: RefConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> 
 
 
 def detect(path: Path) -> bool:
-    cfg = path / "config.json"
-    return cfg.is_file() and json.loads(cfg.read_text()).get("family") == FAMILY
+    from engine.models.io import read_config
+
+    try:
+        return read_config(Path(path)).get("family") == FAMILY
+    except ModelError:
+        return False
 
 
 def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
@@ -361,8 +370,10 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
 
     path = Path(path)
     cfg = RefConfig.from_dict(read_config(path))
+    with torch.device("meta"):  # shapes only: a config far larger than its weights is refused unallocated
+        expected = Transformer(cfg).state_dict()
+    state = read_safetensors(path / "model.safetensors", expected)
     module = Transformer(cfg).to(dtype)  # before loading: a float32 module would round float64 weights
-    state = read_safetensors(path / "model.safetensors", module.state_dict())
     module.load_state_dict(state)
     return Model(FAMILY, cfg.arch(), module, cfg.to_dict(), name=path.name, path=path)
 

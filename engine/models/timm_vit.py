@@ -55,6 +55,57 @@ UNSUPPORTED_ARGS = {
 }
 
 
+# Checked before timm builds anything (a string where a size belongs, zero heads, ...).
+MODEL_ARG_RULES = {
+    "img_size": "size_or_pair", "patch_size": "size_or_pair", "in_chans": "size", "num_classes": "count",
+    "embed_dim": "size", "depth": "size", "num_heads": "size", "mlp_ratio": "positive", "reg_tokens": "count",
+    "global_pool": "str", "pos_embed": "str", "weight_init": "str", "fc_norm": "opt_bool",
+    **{k: "bool" for k in ("qkv_bias", "qk_norm", "scale_attn_norm", "scale_mlp_norm", "proj_bias", "class_token",
+                           "no_embed_class", "pre_norm", "final_norm", "dynamic_img_size", "dynamic_img_pad",
+                           "pool_include_prefix", "fix_init")},
+    **{k: "opt_fraction" for k in ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate",
+                                   "attn_drop_rate", "drop_path_rate")},
+}
+CONFIG_RULES = {"architecture": "opt_str", "num_classes": "count", "model_args": "opt_dict"}
+# Keys of a pretrained_cfg that make timm read weights from somewhere: a config never may.
+WEIGHT_SOURCES = ("file", "url", "hf_hub_id", "hf_hub_filename", "state_dict", "source")
+
+
+def _model_arg_names() -> frozenset[str]:
+    """The options model_args may hold: VisionTransformer's own keyword arguments, nothing that
+    create_model would interpret (checkpoint_path, pretrained, pretrained_cfg, ...)."""
+    import inspect
+
+    from timm.models.vision_transformer import VisionTransformer
+
+    return frozenset(inspect.signature(VisionTransformer.__init__).parameters) - {"self", "device", "dtype"}
+
+
+def check_config(config: dict, source: str) -> None:
+    """Refuse a config that would make timm read a file or that has fields of the wrong type."""
+    from engine.models.io import check_fields
+
+    check_fields(config, CONFIG_RULES, source)
+    if "checkpoint_path" in config:
+        raise ModelError(f"{source} names a checkpoint_path; the engine reads weights only from the "
+                         "directory's model.safetensors, never from a file a config names.")
+    for key in ("pretrained_cfg", "pretrained_cfg_overlay"):
+        pc = config.get(key)
+        if pc is not None and not isinstance(pc, dict):
+            raise ModelError(f"{source}: {key} must be an object, not {type(pc).__name__}.")
+        named = [k for k in WEIGHT_SOURCES if (pc or {}).get(k)]
+        if named:
+            raise ModelError(f"{source}: {key} names a weight source ({', '.join(named)}); the engine reads "
+                             "weights only from the directory's model.safetensors.")
+    args = config.get("model_args") or {}
+    unknown = sorted(set(args) - _model_arg_names())
+    if unknown:
+        raise ModelError(f"{source}: model_args has {', '.join(map(repr, unknown[:3]))}, which "
+                         f"{'is not a VisionTransformer option' if len(unknown) == 1 else 'are not VisionTransformer options'}; "
+                         "the engine builds timm models from their options alone (no pretrained weights, no files).")
+    check_fields(args, MODEL_ARG_RULES, f"{source}: model_args")
+
+
 def _refuse(source: str, option: str, why: str) -> None:
     raise ModelError(f"{source} uses the timm option {option}, which the engine does not support ({why}).")
 
@@ -152,6 +203,7 @@ def _create(config: dict, source: str) -> nn.Module:
     import timm
     from timm.models.vision_transformer import VisionTransformer
 
+    check_config(config, source)
     model_args = dict(config.get("model_args") or {})
     if "num_classes" in config:  # timm's hub layout keeps the head size at the top level
         model_args["num_classes"] = config["num_classes"]
@@ -162,7 +214,7 @@ def _create(config: dict, source: str) -> nn.Module:
             module = timm.create_model(config["architecture"], pretrained=False, **model_args)
         else:
             module = VisionTransformer(weight_init="skip", **model_args)
-    except (AssertionError, TypeError, ValueError, KeyError, RuntimeError) as e:
+    except (AssertionError, TypeError, ValueError, KeyError, RuntimeError, ArithmeticError, AttributeError) as e:
         raise ModelError(f"{source}: timm could not build the model ({type(e).__name__}: {e}).") from None
     return module
 
@@ -230,10 +282,11 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
     hub = cfg.get("family") is None
     if hub and _hub_architecture(cfg) is None:
         raise ModelError(f"{source} does not name a timm vision_transformer architecture in config.json.")
-    module = _create(cfg, source)
-    arch(module, source)  # refuse unsupported options before reading any weights
-    module.to(dtype)  # before loading: a float32 module would round float64 weights
-    state = read_safetensors(path / "model.safetensors", module.state_dict())  # checks keys, shapes, NaN
+    with torch.device("meta"):  # shapes only: nothing is allocated before the weights are known to fit
+        shapes = _create(cfg, source)
+    arch(shapes, source)  # refuse unsupported options before reading any weights
+    state = read_safetensors(path / "model.safetensors", shapes.state_dict())  # checks keys, shapes, dtypes, NaN
+    module = _create(cfg, source).to(dtype)  # before loading: a float32 module would round float64 weights
     module.load_state_dict(state)
     model_args = dict(cfg.get("model_args") or {})
     if hub and "num_classes" in cfg:
