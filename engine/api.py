@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +15,8 @@ from engine.errors import LMCError
 from engine.evaluate import eval_set_for
 from engine.interpolate import LinearPath, Progress, check_same_architecture, interpolate
 from engine.models import Model, load_model, save_model
-from engine.results import RunConfig, make_record, store
+from engine.models.io import check_output_dir
+from engine.results import RunConfig, cache_dir, cached_record, make_record, resolve_device, store, write_manifest
 from engine.zoo import display_name, pairs, resolve
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -26,31 +29,61 @@ def load_named(name_or_path: str, dtype: str = "float32", device: str = "cpu") -
     return m
 
 
+def final_config(cfg: RunConfig, task: str) -> RunConfig:
+    """The config a run records and hashes: the budget and data actually used, the device resolved.
+
+    `cache build` computes it without loading the models to tell whether a stored record is current.
+    """
+    from engine.align import METHODS
+
+    if cfg.method not in METHODS:
+        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    data = digits_sha256() if task == "vit" else default_splits().sha256
+    return replace(cfg, steps=cfg.steps or METHODS[cfg.method].default_steps, data_sha256=data,
+                   device=resolve_device(cfg.device))
+
+
+def check_alpha(alpha: float, extrapolate: bool = False) -> float:
+    """The position of a saved model on the path: finite, and in [0, 1] unless extrapolating on purpose."""
+    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise LMCError(f"alpha must be a finite number (0 = model A, 1 = model B), not {alpha!r}.")
+    if not extrapolate and not 0 <= alpha <= 1:
+        raise LMCError(f"alpha {alpha:g} lies outside [0, 1], beyond the two models on the line; "
+                       "pass --extrapolate (extrapolate=True) to save such a model anyway.")
+    return float(alpha)
+
+
 def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str | Path | None = None,
-             alpha: float = 0.5) -> dict:
+             alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     Every method goes through the aligner registry (engine/align); the record then carries the
     alignment diagnostics and the endpoint exactness check. `save_merged` writes the model at
-    (1 - alpha) theta_A + alpha g.theta_B in its family's own format.
+    (1 - alpha) theta_A + alpha g.theta_B in its family's own format into that directory (checked
+    before anything is loaded: engine.models.io.check_output_dir; `overwrite` allows a non-empty
+    directory the tool did not write; alpha outside [0, 1] needs `extrapolate`).
     """
     from engine.align import METHODS
     from engine.align.run import align, alignment_record, endpoint_check
 
+    if cfg.method not in METHODS:
+        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    device = resolve_device(cfg.device)
+    path_a, path_b = resolve(cfg.model_a), resolve(cfg.model_b)
+    if save_merged is not None:
+        check_alpha(alpha, extrapolate)
+        check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
     from engine.resources import check_run  # memory from the configs alone: refuse before loading
     check_run(cfg)
     t0 = time.perf_counter()
-    a = load_named(cfg.model_a, cfg.dtype, cfg.device)
-    b = load_named(cfg.model_b, cfg.dtype, cfg.device)
+    a = load_named(cfg.model_a, cfg.dtype, device)
+    b = load_named(cfg.model_b, cfg.dtype, device)
     check_same_architecture(a, b)
+    es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
     t_load = time.perf_counter() - t0
-    if cfg.method not in METHODS:
-        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
     # The record and its hash carry the budget and data actually used, not the "default" markers.
-    data = digits_sha256() if a.arch.task == "vit" else default_splits().sha256
-    cfg = replace(cfg, steps=cfg.steps or METHODS[cfg.method].default_steps, data_sha256=data)
+    cfg = final_config(replace(cfg, device=device), a.arch.task)
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed)
-    es = eval_set_for(a, cfg.eval_split, cfg.eval_items)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"])
@@ -58,7 +91,7 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     extra = {}
     if save_merged is not None:
         merged = LinearPath(al.model_a, al.model_b).at(alpha)
-        save_model(merged, save_merged)
+        save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
         extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family}
     return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment_record(al),
                        endpoint_check=check, **extra)
@@ -72,17 +105,47 @@ DEFAULT_EVAL_ITEMS = 65_536
 
 
 def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAULT_EVAL_ITEMS,
-                only: list[tuple[str, str]] | None = None) -> list[dict]:
-    """Precompute a record for every same-architecture zoo pair x method into cached_results/."""
+                only: list[tuple[str, str]] | None = None, force: bool = False,
+                log: Callable[[str], None] | None = None) -> list[dict]:
+    """Precompute a record for every same-architecture zoo pair x method into the store; resumable.
+
+    Everything is validated before any work: the methods, the pairs (zoo pairs only) and the store
+    directory. A stored record whose config hash matches the run's is kept as it is (a killed build
+    resumes where it stopped; `force` recomputes everything); a broken one is recomputed. The manifest
+    is rebuilt from the records present. Returns the records of every pair x method, kept or new.
+    """
     from tqdm import tqdm
 
     from engine.align import METHODS
+    from engine.zoo import ENTRIES
 
-    methods = methods or list(METHODS)  # learned / dual use their registry's fixed budget (engine/align)
-    todo = [(a, b, m) for a, b in (only or pairs()) for m in methods]
-    out = []
-    for a, b, m in tqdm(todo, desc="cache"):
-        rec = run_pair(RunConfig(a, b, m, eval_items=eval_items))
-        store(rec)
+    methods = list(methods or METHODS)  # learned / dual use their registry's fixed budget (engine/align)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise LMCError(f"Unknown method {bad[0]!r}; choose from: {', '.join(METHODS)}.")
+    zoo_pairs = pairs()
+    todo_pairs = list(zoo_pairs if only is None else only)
+    for p in todo_pairs:
+        if tuple(p) not in zoo_pairs:
+            raise LMCError(f"{p[0]} / {p[1]} is not a pair of the zoo (same task and positional encoding).")
+    if not todo_pairs or not methods:
+        raise LMCError("Nothing to build: no pair or no method selected.")
+    root = cache_dir()
+    check_output_dir(root, overwrite=True, name="Result store")  # a writable directory, or creatable
+    write_manifest(root)  # reconcile with the records present (a build killed earlier)
+    out, todo = [], []
+    for a, b in todo_pairs:
+        for m in methods:
+            cfg = RunConfig(a, b, m, eval_items=eval_items)
+            old = cached_record(a, b, m, root)
+            if old is not None and not force and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash():
+                out.append(old)
+            else:
+                todo.append(cfg)
+    if log:
+        log(f"cache: {len(out)} record(s) up to date, {len(todo)} to compute")
+    for cfg in tqdm(todo, desc="cache", disable=not todo):
+        rec = run_pair(cfg)
+        store(rec, root)
         out.append(rec)
     return out

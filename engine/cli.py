@@ -1,18 +1,39 @@
 """`python -m engine ...`: train, zoo, interpolate, align, cache, symmetry.
 
-Every user error is an LMCError: printed as one line `error: ...`, exit status 2, no traceback.
+Every user error is one line `error: ...` on stderr and exit status 2, never a traceback: bad
+arguments (argparse's own errors included), bad model directories and configs, and output locations
+that cannot or must not be written. Everything is checked before the work starts, so a computation
+is never lost to a bad output path at its end. Store problems that do not stop a command (a skipped
+record) are one line `warning: ...` each.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from tqdm import tqdm
 
 from engine.errors import LMCError
+
+MAX_POINTS = 1001  # engine.results.MAX_POINTS, repeated so `--help` needs no torch import
+MAX_STEPS = 100_000  # engine.results.MAX_STEPS
+
+
+class UsageError(LMCError):
+    """A command line argparse refused."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the engine's one-line errors (argparse prints usage and exits by itself)."""
+
+    def error(self, message: str):
+        raise UsageError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
 
 
 def _progress_bar(desc: str):
@@ -33,7 +54,8 @@ def _progress_bar(desc: str):
 
 def _print_path_table(rec: dict) -> None:
     acc = rec.get("accuracy")
-    print(f"{rec['method']}: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')})")
+    print(f"{rec['method']}: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
+          f"{rec.get('provenance', {}).get('device', '?')})")
     print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else ""))
     for i, (t, l) in enumerate(zip(rec["lambdas"], rec["loss"])):
         print(f"{t:7.2f} {l:9.4f}" + (f" {acc[i]:7.2%}" if acc else ""))
@@ -41,16 +63,60 @@ def _print_path_table(rec: dict) -> None:
           f"endpoints {rec['endpoint_loss_a']:.4f} / {rec['endpoint_loss_b']:.4f}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Checks made before any model is loaded
+
+
+def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = None) -> Path | None:
+    """--out: a regular file (or new), not a file of an input model, not a file of the merged checkpoint."""
+    from engine.models.io import MARKER, OWN_FILES, check_output_file
+
+    if out is None:
+        return None
+    target = check_output_file(out, "--out")
+    for d in inputs:
+        if target.parent == Path(os.path.realpath(d)) and target.exists():
+            raise LMCError(f"--out {out} would replace {target.name} in the input model directory {d}.")
+    if merged_dir is not None and target.parent == Path(os.path.realpath(merged_dir)) and (
+            target.name in (*OWN_FILES, MARKER) or target.suffix == ".safetensors"):
+        raise LMCError(f"--out {out} would replace {target.name} of the model saved with --save-merged.")
+    return target
+
+
+def _check_pair_args(args) -> tuple[list[Path], str]:
+    """The two model directories and the resolved device; --out, --save-merged, --alpha checked."""
+    from engine.results import resolve_device
+    from engine.zoo import resolve
+
+    device = resolve_device(args.device)
+    inputs = [resolve(args.model_a), resolve(args.model_b)]
+    merged = getattr(args, "save_merged", None)
+    if merged is not None:
+        from engine.api import check_alpha
+        from engine.models.io import check_output_dir
+
+        check_alpha(0.5 if args.alpha is None else args.alpha, args.extrapolate)
+        check_output_dir(merged, args.overwrite, inputs=inputs, name="--save-merged directory")
+    elif getattr(args, "alpha", None) is not None:
+        raise LMCError("--alpha sets the position of the model saved with --save-merged; add --save-merged DIR.")
+    elif getattr(args, "extrapolate", False) or getattr(args, "overwrite", False):
+        raise LMCError("--extrapolate and --overwrite apply to --save-merged; add --save-merged DIR.")
+    _check_out(args.out, inputs, merged)
+    return inputs, device
+
+
 def cmd_train(args) -> None:
     from dataclasses import replace
 
+    from engine.models.io import check_output_dir
     from engine.train import LM_TRAIN, VIT_TRAIN, lm_config, train, vit_config
 
+    check_output_dir(args.out, args.overwrite, name="--out directory")
     cfg = lm_config(args.pe) if args.task == "lm" else vit_config(args.pe)
     tc = LM_TRAIN if args.task == "lm" else VIT_TRAIN
-    if args.steps:
+    if args.steps is not None:
         tc = replace(tc, steps=args.steps, eval_every=max(1, min(tc.eval_every, args.steps)))
-    _, met = train(cfg, args.seed, tc, out=Path(args.out))
+    _, met = train(cfg, args.seed, tc, out=Path(args.out), overwrite=args.overwrite)
     acc = f", test accuracy {met['test_accuracy']:.2%}" if met["test_accuracy"] is not None else ""
     print(f"saved {args.out}: test loss {met['test_loss']:.4f}{acc} after {met['steps']} steps ({met['train_seconds']:.0f} s)")
 
@@ -59,7 +125,10 @@ def cmd_zoo(args) -> None:
     from engine import zoo
 
     if args.action == "build":
+        _check_zoo_names(args.only)
         zoo.build(args.only or None)
+    elif args.only is not None:
+        raise LMCError("--only selects the models `zoo build` retrains; `zoo list` lists them all.")
     rows = zoo.manifest()
     if not rows:
         print("the zoo is empty; run `python -m engine zoo build`")
@@ -71,22 +140,34 @@ def cmd_zoo(args) -> None:
               f"{'ok' if r['meets_bar'] else 'MISSED'}")
 
 
-def _run_config(args, method: str):
+def _check_zoo_names(names: list[str] | None) -> None:
+    from engine.zoo import ENTRIES
+
+    for n in names or ():
+        if n not in ENTRIES:
+            raise LMCError(f"--only {n}: not a zoo model (zoo models: {', '.join(ENTRIES)}).")
+
+
+def _run_config(args, method: str, device: str):
     from engine.results import RunConfig
 
     return RunConfig(
         model_a=args.model_a, model_b=args.model_b, method=method,
         classes=tuple(getattr(args, "classes", None) or ()), steps=getattr(args, "steps", 0) or 0,
         points=args.points, eval_split=args.split, eval_items=args.eval_items,
-        seed=getattr(args, "seed", 0), device=args.device,
+        seed=getattr(args, "seed", 0), device=device,
     )
 
 
 def cmd_interpolate(args) -> None:
     from engine.api import run_pair
+    from engine.resources import check_run, describe
     from engine.results import write_record
 
-    rec = run_pair(_run_config(args, "naive"), progress=_progress_bar("interpolate"))
+    _, device = _check_pair_args(args)
+    cfg = _run_config(args, "naive", device)
+    print(describe(check_run(cfg)))  # engine.resources: the run's memory, before anything loads
+    rec = run_pair(cfg, progress=_progress_bar("interpolate"))
     _print_path_table(rec)
     if args.out:
         write_record(rec, Path(args.out))
@@ -94,11 +175,21 @@ def cmd_interpolate(args) -> None:
 
 
 def cmd_align(args) -> None:
+    from engine.align import METHODS
     from engine.api import run_pair
+    from engine.resources import check_run, describe
     from engine.results import write_record
 
-    rec = run_pair(_run_config(args, args.method), progress=_progress_bar(args.method),
-                   save_merged=args.save_merged, alpha=args.alpha)
+    if args.steps and not METHODS[args.method].default_steps:
+        raise LMCError(f"--steps sets the optimisation budget of learned and dual matching; method "
+                       f"{args.method} has no steps.")
+    _, device = _check_pair_args(args)
+    alpha = 0.5 if args.alpha is None else args.alpha
+    cfg = _run_config(args, args.method, device)
+    print(describe(check_run(cfg)))  # engine.resources: the run's memory, before anything loads
+    rec = run_pair(cfg, progress=_progress_bar(args.method),
+                   save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
+                   extrapolate=args.extrapolate)
     _print_path_table(rec)
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
@@ -107,7 +198,7 @@ def cmd_align(args) -> None:
     if "identity" in al["diagnostics"]:
         print(f"dual/one-sided identity: max relative error {al['diagnostics']['identity']['max_relative_error']:.1e}")
     if args.save_merged:
-        print(f"saved merged model (alpha {args.alpha}) to {args.save_merged}")
+        print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
     if args.out:
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
@@ -115,17 +206,26 @@ def cmd_align(args) -> None:
 
 def cmd_cache(args) -> None:
     from engine.api import build_cache
+    from engine.results import cache_dir
     from engine.zoo import pairs
 
     if args.action == "table":
+        if args.only is not None or args.methods is not None or args.force:
+            raise LMCError("--only, --methods and --force apply to `cache build`; `cache table` shows the whole store.")
         print(cache_table())
         return
-    only = [(a, b) for a, b in pairs() if not args.only or a in args.only or b in args.only]
-    build_cache(methods=args.methods, eval_items=args.eval_items, only=only)
+    _check_zoo_names(args.only)
+    only = [(a, b) for a, b in pairs() if args.only is None or a in args.only or b in args.only]
+    recs = build_cache(methods=args.methods, eval_items=args.eval_items, only=only, force=args.force,
+                       log=lambda s: print(s, file=sys.stderr))
+    print(f"{len(recs)} record(s) in {cache_dir()}")
 
 
 def cache_table() -> str:
-    """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method."""
+    """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method.
+
+    A broken record is a "-" cell (and a warning naming its file), never the end of the table.
+    """
     from engine.align import METHODS
     from engine.results import cached_record
     from engine.zoo import pairs
@@ -159,6 +259,23 @@ def cmd_symmetry(args) -> None:
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
 
 
+# ---------------------------------------------------------------------------------------------
+# Argument types: each refusal is one sentence naming the value and what is expected
+
+
+def _int_in(lo: int, hi: int, what: str):
+    def parse(s: str) -> int:
+        try:
+            n = int(s.replace(",", "").replace("_", ""))
+        except ValueError:
+            n = None
+        if n is None or not lo <= n <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,} ({what}), got {s!r}")
+        return n
+
+    return parse
+
+
 def _items(s: str) -> int | None:
     if s == "all":
         return None
@@ -171,35 +288,62 @@ def _items(s: str) -> int | None:
     return n
 
 
+def _finite(s: str) -> float:
+    try:
+        x = float(s)
+    except ValueError:
+        x = math.nan
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {s!r}")
+    return x
+
+
+def _path(s: str) -> str:
+    if not s.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    if "\0" in s:
+        raise argparse.ArgumentTypeError(f"expected a path, got {s!r} (it holds a NUL byte)")
+    return s
+
+
+_seed = _int_in(0, 2**32 - 1, "a random seed")
+
+
 def _add_path_args(p: argparse.ArgumentParser) -> None:
     from engine.api import DEFAULT_EVAL_ITEMS
 
-    p.add_argument("model_a", help="zoo name (see `zoo list`) or model directory")
-    p.add_argument("model_b", help="zoo name or model directory")
-    p.add_argument("--points", type=int, default=21, help="grid points on the path, endpoints included")
+    p.add_argument("model_a", type=_path, help="zoo name (see `zoo list`) or model directory")
+    p.add_argument("model_b", type=_path, help="zoo name or model directory")
+    p.add_argument("--points", type=_int_in(2, MAX_POINTS, "grid points on the path, endpoints included"),
+                   default=21, help=f"grid points on the path, endpoints included (2 to {MAX_POINTS:,})")
     p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
     p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
                    help="scored tokens (LM) or images (ViT) per point, or 'all' for the whole split "
                         "(default 65,536: a third of the LM test split, every test image)")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--out", default=None, help="write the result record (JSON) here")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto (default): cuda when torch sees a GPU, else cpu")
+    p.add_argument("--out", type=_path, default=None,
+                   help="write the result record (JSON) here; checked before the run starts")
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m engine", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="command", required=True)
+    ap = Parser(prog="python -m engine", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     p = sub.add_parser("train", help="train one reference model")
     p.add_argument("--task", choices=["lm", "vit"], required=True)
     p.add_argument("--pe", choices=["none", "learned", "sinusoidal", "rope"], required=True)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=0, help="override the default step budget")
-    p.add_argument("--out", required=True)
+    p.add_argument("--seed", type=_seed, default=0)
+    p.add_argument("--steps", type=_int_in(1, MAX_STEPS, "training steps"), default=None,
+                   help="override the default step budget")
+    p.add_argument("--out", type=_path, required=True, help="directory for the checkpoint (new, empty, or written by this tool)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into a non-empty directory the tool did not create (only the checkpoint's files are replaced)")
     p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("zoo", help="list or rebuild the built-in model zoo")
     p.add_argument("action", choices=["list", "build"])
-    p.add_argument("--only", nargs="*", help="zoo names to (re)build")
+    p.add_argument("--only", nargs="+", help="zoo names to (re)build")
     p.set_defaults(fn=cmd_zoo)
 
     p = sub.add_parser("interpolate", help="loss barrier of the naive linear path between two models")
@@ -214,35 +358,77 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--method", default="weight", choices=list(METHODS))
     p.add_argument("--classes", nargs="+", choices=list(CLASSES), default=None,
                    help="symmetry classes to use (default: every exact class of the model)")
-    p.add_argument("--steps", type=int, default=0, help="learned / dual optimisation steps (0: the method's default)")
-    p.add_argument("--seed", type=int, default=0, help="data order and lambda samples of data-driven methods")
-    p.add_argument("--save-merged", default=None, metavar="DIR", help="save the interpolated model here")
-    p.add_argument("--alpha", type=float, default=0.5, help="position of the saved model on the path (0 = A, 1 = B)")
+    p.add_argument("--steps", type=_int_in(0, MAX_STEPS, "optimisation steps; 0 for the method's default"), default=0,
+                   help="learned / dual optimisation steps (0: the method's default)")
+    p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
+    p.add_argument("--save-merged", type=_path, default=None, metavar="DIR",
+                   help="save the interpolated model into this directory (new, empty, or written by this tool)")
+    p.add_argument("--alpha", type=_finite, default=None,
+                   help="position of the saved model on the path, 0 = A to 1 = B (default 0.5)")
+    p.add_argument("--extrapolate", action="store_true", help="allow --alpha outside [0, 1]")
+    p.add_argument("--overwrite", action="store_true",
+                   help="let --save-merged write into a non-empty directory the tool did not create")
     p.set_defaults(fn=cmd_align)
 
     from engine.api import DEFAULT_EVAL_ITEMS
 
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
     p.add_argument("action", choices=["build", "table"])
-    p.add_argument("--methods", nargs="*", default=None)
+    p.add_argument("--methods", nargs="+", choices=list(METHODS), default=None)
     p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
                    help="scored tokens / images per point, or 'all' (default 65,536: every test image)")
-    p.add_argument("--only", nargs="*", help="zoo names: build only the pairs containing them")
+    p.add_argument("--only", nargs="+", help="zoo names: build only the pairs containing them")
+    p.add_argument("--force", action="store_true", help="recompute records that are already up to date")
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("symmetry", help="symmetry-group diagnostics of a model")
-    p.add_argument("model", help="zoo name, model directory, or (with --dims-only) a directory with config.json")
+    p.add_argument("model", type=_path,
+                   help="zoo name, model directory, or (with --dims-only) a directory with config.json")
     p.add_argument("--dims-only", action="store_true", help="group dimensions from the config alone")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=cmd_symmetry)
     return ap
 
 
+def _one_line(msg: str) -> str:
+    return " ".join(str(msg).split())
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"warning: {_one_line(message)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    try:
-        args.fn(args)
-    except LMCError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Run one command; 0 on success, 2 for every user error (one line on stderr), 130 on Ctrl-C.
+
+    An unexpected exception is a bug in the engine: one line and status 1 (LMC_DEBUG=1 re-raises it
+    with its traceback).
+    """
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        try:
+            args = parser().parse_args(argv)
+            args.fn(args)
+        except LMCError as e:
+            print(f"error: {_one_line(e)}", file=sys.stderr)
+            return 2
+        except OSError as e:  # the user's files or machine: permissions, a full disk, a vanished path
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"error: {where}{_one_line(e.strerror or e)}", file=sys.stderr)
+            return 2
+        except MemoryError:
+            print("error: out of memory; use fewer --eval-items or smaller models.", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("error: interrupted.", file=sys.stderr)
+            return 130
+        except Exception as e:  # the last line of defence against a traceback
+            if os.environ.get("LMC_DEBUG"):
+                raise
+            if type(e).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
+                print("error: the GPU ran out of memory; use --device cpu or fewer --eval-items.", file=sys.stderr)
+                return 2
+            print(f"error: internal error ({type(e).__name__}: {_one_line(e)[:300]}); this is a bug in the engine, "
+                  "rerun with LMC_DEBUG=1 for the traceback.", file=sys.stderr)
+            return 1
     return 0

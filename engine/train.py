@@ -22,10 +22,11 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
 from engine.data import default_splits, digits_sha256, digits_splits, image_batches, lm_batches
+from engine.errors import LMCError
 from engine.evaluate import evaluate, lm_eval_set, vit_eval_set
 from engine.models import save_model
 from engine.models.base import Model
-from engine.models.io import write_json_atomic
+from engine.models.io import check_output_dir, write_json_atomic
 from engine.models.reference import RefConfig, build
 
 
@@ -83,9 +84,20 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | None = None,
-          progress: bool = True) -> tuple[Model, dict]:
-    """Train one reference model; save checkpoint + metrics.json to `out` if given."""
+          progress: bool = True, overwrite: bool = False) -> tuple[Model, dict]:
+    """Train one reference model; save checkpoint + metrics.json to `out` if given.
+
+    `out` is checked before training (engine.models.io.check_output_dir: a non-empty directory the
+    tool did not write needs `overwrite`), so a finished training is never lost to a bad location.
+    """
     tc = tc or (LM_TRAIN if cfg.task == "lm" else VIT_TRAIN)
+    if not (isinstance(tc.steps, int) and tc.steps >= 1 and isinstance(tc.eval_every, int) and tc.eval_every >= 1):
+        raise LMCError(f"Training needs at least one step and an evaluation interval of at least one, "
+                       f"not steps={tc.steps!r}, eval_every={tc.eval_every!r}.")
+    if not (isinstance(seed, int) and 0 <= seed < 2**32):
+        raise LMCError(f"The training seed must be an integer from 0 to 2**32 - 1, not {seed!r}.")
+    if out is not None:
+        check_output_dir(out, overwrite, name="Training output directory")
     if tc.threads:
         torch.set_num_threads(tc.threads)
     torch.manual_seed(seed)
@@ -148,6 +160,6 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
         "parameters": sum(p.numel() for p in net.parameters()),
     }
     if out is not None:
-        save_model(model, out)
+        save_model(model, out, overwrite=overwrite)
         write_json_atomic(Path(out) / "metrics.json", metrics)
     return model, metrics

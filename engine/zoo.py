@@ -118,10 +118,11 @@ def build(names: list[str] | None = None, progress: bool = True) -> list[dict]:
     """Train (or retrain) zoo models into assets/zoo and rewrite the manifest."""
     from engine.train import train
 
+    unknown = [n for n in names or () if n not in ENTRIES]
+    if unknown:  # every name checked before any training starts
+        raise ModelError(f"{unknown[0]} is not a zoo model ({', '.join(ENTRIES)}).")
     for n in names or list(ENTRIES):
-        if n not in ENTRIES:
-            raise ModelError(f"{n} is not a zoo model ({', '.join(ENTRIES)}).")
         e = ENTRIES[n]
-        train(e.config(), e.seed, e.train_config(), out=e.path, progress=progress)
+        train(e.config(), e.seed, e.train_config(), out=e.path, progress=progress, overwrite=True)  # the zoo's own
         write_manifest()
     return write_manifest()
