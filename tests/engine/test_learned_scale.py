@@ -10,8 +10,9 @@ import torch
 from engine.align import dual, learned
 from engine.align.common import AlignContext, default_classes, prepare_pair
 from engine.align.dual import dual_identity
-from engine.align.learned import align_learned
+from engine.align.learned import align_learned, still_optimal
 from engine.align.run import align, endpoint_check
+from engine.align.solvers import assignment, perm_matrix
 from engine.align.weight import weight_match
 from engine.evaluate import eval_set_for, evaluate
 from engine.models import canonical, load_model
@@ -39,6 +40,21 @@ def latent_count(arch, kinds) -> int:
     else:
         n += L * hkv * d * d  # E_qk
     return n + D * D  # E_res (residual_orth) or Z_res (residual_perm)
+
+
+def test_a_certified_permutation_is_the_hungarian_answer():
+    gen = torch.Generator().manual_seed(0)
+    seen = set()
+    for _ in range(200):
+        perm = torch.randperm(6, generator=gen)
+        Z = perm_matrix(perm) + 0.4 * torch.randn(6, 6, generator=gen, dtype=F64)  # [6, 6]
+        ok = still_optimal(Z, perm)
+        seen.add(ok)
+        if ok:
+            assert torch.equal(assignment(Z), perm)
+        else:  # some row prefers another column; the Hungarian then often moves away from perm
+            assert bool((Z.max(1).values > Z[torch.arange(6), perm]).any())
+    assert seen == {True, False}
 
 
 def test_time_budget_stops_the_optimisation_and_the_record_says_so():
