@@ -64,6 +64,7 @@ from engine.align.solvers import (
     rope_scalars,
 )
 from engine.align.weight import weight_match
+from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, apply, compose, identity, invert, rope_commutant
@@ -357,13 +358,14 @@ def items_per_pass(arch: Arch, x: Tensor, dtype: torch.dtype) -> int:
 
 @torch.no_grad()
 def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
+    """Mean task loss over (x, y), `per_pass` items per forward pass, summed in a Python float."""
     total = 0.0
     for i in range(0, len(x), per_pass):
         total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * y[i:i + per_pass].numel()
     return total / y.numel()
 
 
-def backward_loss(tw, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
+def backward_loss(tw: Model, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
     """The mean task loss of `mid` on (x, y), back-propagated into the latents behind `mid`.
 
     The model runs `per_pass` items at a time on detached weights whose gradients accumulate;
