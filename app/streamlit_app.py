@@ -16,6 +16,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from app import sidebar
+from engine.resources import return_freed_memory
+
+return_freed_memory()  # large freed tensors go back to the OS: live runs do not ratchet memory up
 
 st.set_page_config(page_title="LMC Explorer", page_icon="📈", layout="wide")
 

@@ -286,3 +286,25 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
                        cfg.dtype, _run_device(cfg.device))
     check_fits(est, available=available)
     return est
+
+
+def return_freed_memory() -> bool:
+    """Make freed tensor memory go back to the operating system (glibc; a no-op elsewhere).
+
+    glibc serves allocations above a threshold with mmap and returns them on free, but raises that
+    threshold to the largest block freed so far: after one large temporary, later ones come from a
+    heap that is never trimmed, and a streamed run's resident memory ratchets up to its worst moment
+    plus fragmentation. A fixed 128 KiB threshold keeps every large tensor mmapped, so resident
+    memory follows what is alive (measured in bench/RESULTS.md). Called by the CLI and the app.
+    """
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
+    except (OSError, AttributeError):
+        return False

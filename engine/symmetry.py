@@ -39,6 +39,7 @@ __all__ = [
     "compose",
     "element_maps",
     "fold_norms",
+    "fold_norms_",
     "identity",
     "invert",
     "layer_maps",
@@ -452,6 +453,23 @@ def fold_norms(arch: Arch, params: Params) -> tuple[Arch, Params]:
         p[f"{name}.g"] = torch.ones_like(g)
     new = replace(arch, tied_embeddings=False, family="reference") if untie else arch
     return new, p
+
+
+@torch.no_grad()
+def fold_norms_(arch: Arch, params: Params) -> None:
+    """fold_norms written into `params` themselves (views of a model: no copy is made).
+
+    Only where fold_norms keeps the Arch: RMSNorm, and no tied embedding to untie.
+    """
+    if arch.norm != "rmsnorm" or (arch.tied_embeddings and not bool((params["norm_f.g"] == 1).all())):
+        raise SpecError("Norm gains can be folded in place only into an RMSNorm model without a tied "
+                        "embedding to untie; use fold_norms.")
+    for name, layer in _norms(arch):
+        g = params[f"{name}.g"]
+        for W, _, _ in _readers(arch, name.split(".")[-1], layer):
+            if W in params:
+                params[W].copy_(_fold_gain(params[W], g))
+        g.fill_(1)
 
 
 def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:

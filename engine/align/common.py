@@ -28,7 +28,14 @@ from engine.interpolate import Progress
 from engine.models import Model, canonical, model_logits, set_canonical
 from engine.models.base import Arch, Params
 from engine.spec import KINDS, Spec, build_spec
-from engine.symmetry import GroupElement, fold_norms, identity, layernorm_to_rmsnorm, reference_config_from_arch
+from engine.symmetry import (
+    GroupElement,
+    fold_norms,
+    fold_norms_,
+    identity,
+    layernorm_to_rmsnorm,
+    reference_config_from_arch,
+)
 
 F64 = torch.float64
 CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
@@ -108,12 +115,19 @@ def model_for(template: Model, arch: Arch, params: Params) -> Model:
     return m
 
 
-def prepare_pair(a: Model, b: Model, classes: frozenset[str]) -> Pair:
-    """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used."""
+def prepare_pair(a: Model, b: Model, classes: frozenset[str], in_place: bool = False) -> Pair:
+    """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used.
+
+    in_place=True folds RMSNorm gains into the models' own tensors when that keeps their family (no
+    tied embeddings to untie): each model then computes the same function in folded coordinates and
+    no copy is made. Otherwise the rewrite works on copies and builds twins (model_for).
+    """
     pa, pb = canonical(a, copy=False), canonical(b, copy=False)  # views: aligners only read them
     arch = a.arch
     if "residual_orth" not in classes:
         return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "")
+    if in_place and _fold_in_place(a, pa) and _fold_in_place(b, pb):
+        return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "fold_norms")
     rewrite = fold_norms if arch.norm == "rmsnorm" else layernorm_to_rmsnorm
     arch_a, pa = rewrite(arch, {k: v.to(F64) for k, v in pa.items()})
     arch_b, pb = rewrite(arch, {k: v.to(F64) for k, v in pb.items()})
@@ -127,6 +141,18 @@ def prepare_pair(a: Model, b: Model, classes: frozenset[str]) -> Pair:
     ma, mb = model_for(a, arch_a, pa), model_for(b, arch_b, pb)
     return Pair(arch_a, build_spec(arch_a, pa), canonical(ma, copy=False), canonical(mb, copy=False), ma, mb,
                 rewrite.__name__)
+
+
+def _fold_in_place(model: Model, views: Params) -> bool:
+    """fold_norms written into the model's own tensors; False (nothing changed) when it cannot be."""
+    arch = model.arch
+    if arch.norm != "rmsnorm" or (arch.tied_embeddings and not bool((views["norm_f.g"] == 1).all())):
+        return False
+    storage = {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
+    if not all(v.untyped_storage().data_ptr() in storage for v in views.values()):
+        return False  # a reshaped copy among the views: writing into it would not reach the model
+    fold_norms_(arch, views)
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,6 +276,16 @@ def to_f64(p: Params) -> Params:
 # Diagnostics shared by every method
 
 
+SLICE = 1 << 20  # elements per slice of a big tensor in elementwise reductions
+
+
+def slices(x: Tensor) -> list[Tensor]:
+    """x cut along its first axis into views of about SLICE elements: temporaries stay small."""
+    if x.dim() == 0 or x.numel() <= SLICE:
+        return [x]
+    return list(x.split(max(1, SLICE * x.shape[0] // x.numel())))
+
+
 def layer_of(key: str) -> str:
     """'blocks.3.attn.W_Q' -> 'blocks.3'; embeddings, final norm and head -> 'outer'."""
     parts = key.split(".")
@@ -261,11 +297,11 @@ def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
     objective; divided by ||theta_A||^2 + ||theta_B||^2 so 1 means unrelated and 0 identical."""
     num: dict[str, float] = {}
     den: dict[str, float] = {}
-    for k in pa:  # in the parameters' own dtype: no float64 copy of an embedding matrix
-        a, b = pa[k].detach(), pb[k].detach()
+    for k in pa:  # in slices of the parameters' own dtype: no copy of an embedding matrix
         L = layer_of(k)
-        num[L] = num.get(L, 0.0) + float((a - b).square().sum())
-        den[L] = den.get(L, 0.0) + float(a.square().sum()) + float(b.square().sum())
+        for a, b in zip(slices(pa[k].detach()), slices(pb[k].detach())):
+            num[L] = num.get(L, 0.0) + float((a - b).square().sum())
+            den[L] = den.get(L, 0.0) + float(a.square().sum()) + float(b.square().sum())
     return {L: num[L] / den[L] if den[L] > 0 else 0.0 for L in num}
 
 

@@ -67,7 +67,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     if method not in METHODS:
         raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
     kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a, copy=False)), classes)
-    pair = prepare_pair(a, b, kinds)
+    pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided)

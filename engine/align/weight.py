@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, tick
+from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, slices, tick
 from engine.align.solvers import (
     assignment,
     fit_gl,
@@ -231,11 +231,15 @@ class Terms:
 
     def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
         if key in res:
-            Xa, Xb = _residual_rows(a, res[key]), _residual_rows(b, res[key])  # [N, D]
-            self.M += (Xb.mT @ Xa).to(F64)
-            self.sq += float(Xa.square().sum(dtype=F64) + Xb.square().sum(dtype=F64))
+            ax = res[key]
+            if a.dim() == 2 and ax == 0:  # a reader [D, n]: X^T X_A without a transposed copy
+                self.M += (b @ a.mT).to(F64)
+            else:
+                Xa, Xb = _residual_rows(a, ax), _residual_rows(b, ax)  # [N, D]
+                self.M += (Xb.mT @ Xa).to(F64)
+            self.sq += sum(float(x.square().sum()) + float(y.square().sum()) for x, y in zip(slices(a), slices(b)))
         else:
-            self.rest += float((a - b).square().sum(dtype=F64))
+            self.rest += sum(float((x - y).square().sum()) for x, y in zip(slices(a), slices(b)))
 
     def noise(self, wd: torch.dtype) -> float:
         """The objective's rounding floor: below it, objective changes say nothing."""
@@ -276,8 +280,11 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     best, best_q, seen, steps = O, -float("inf"), [], 0
     for steps in range(1, INIT_STEPS + 1):
         Ow = O.to(wd)
-        S1 = (Xb @ Ow @ Xa.mT).sum(0).to(F64)  # [D, D]
-        S2 = (Xb.mT @ Ow @ Xa).sum(0).to(F64)  # [D, D]
+        S1, S2 = torch.zeros(D, D, dtype=wd), torch.zeros(D, D, dtype=wd)
+        for xa, xb in zip(Xa, Xb):  # one term at a time: temporaries of D x D, not 3L x D x D
+            S1 += xb @ Ow @ xa.mT
+            S2 += xb.mT @ Ow @ xa
+        S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
         q = float((O * lin.M).sum() + (O * S1).sum())
         if q > best_q:
             gain, best, best_q = q - best_q, O, q
