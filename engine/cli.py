@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -398,13 +399,51 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
     print(f"warning: {_one_line(message)}", file=sys.stderr)
 
 
+@contextmanager
+def _quiet_transformers():
+    """No transformers progress bars or advisories on stderr around the CLI's own lines.
+
+    Before transformers is imported its environment switches do it; once imported, its logging
+    module. The previous state is restored afterwards (the CLI also runs in-process, in tests).
+    """
+    env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    old_env = {k: os.environ.get(k) for k in env}
+    imported = "transformers" in sys.modules
+    if imported:
+        from transformers.utils import logging as hf_logging
+
+        old = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    else:
+        old = True, 30  # transformers' defaults: bars on, WARNING
+    os.environ.update(env)
+    if imported:
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            if old[0]:
+                hf_logging.enable_progress_bar()
+            else:
+                hf_logging.disable_progress_bar()
+            hf_logging.set_verbosity(old[1])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; 0 on success, 2 for every user error (one line on stderr), 130 on Ctrl-C.
 
     An unexpected exception is a bug in the engine: one line and status 1 (LMC_DEBUG=1 re-raises it
     with its traceback).
     """
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_transformers():
         warnings.showwarning = _warning_line
         try:
             args = parser().parse_args(argv)

@@ -26,7 +26,8 @@ from torch import Tensor
 from engine.errors import ModelError, SpecError
 from engine.models import canonical, load_model, model_logits, set_canonical
 from engine.models.base import Arch, Model, Params
-from engine.models.io import HF_RULES, check_fields, read_json_object
+from engine.models.io import read_json_object
+from engine.models.native import check_hf_config
 from engine.models.reference import RefConfig, build, rope_frequencies, rope_pairs, sinusoidal_table
 from engine.spec import KINDS, Spec, build_spec, check_arch
 from engine.symmetry import (
@@ -478,7 +479,7 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
     """The Arch of a reference, HF GPT-2, HF Llama, HF GPT-NeoX or timm ViT config dict (no weights needed)."""
     fam = config.get("family")
     if "model_type" in config:
-        check_fields(config, HF_RULES, source)  # sizes and flags typed before transformers sees them
+        check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
     if fam == "reference":
         return RefConfig.from_dict(config).arch()
     mt = config.get("model_type")

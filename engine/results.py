@@ -191,7 +191,7 @@ def record_problem(rec, name: str = "record") -> str | None:
     if not isinstance(rec, dict):
         return f"{name} holds a JSON {type(rec).__name__}, not a result record."
     missing = [k for k in ("method", "model_a", "model_b", "lambdas", "loss", "barrier", "midpoint_barrier",
-                           "config_hash") if k not in rec]
+                           "endpoint_loss_a", "endpoint_loss_b", "config_hash") if k not in rec]
     if missing:
         return f"{name} is not a result record (missing {', '.join(missing)})."
     for k in ("method", "model_a", "model_b", "config_hash"):
@@ -212,6 +212,8 @@ def record_problem(rec, name: str = "record") -> str | None:
     acc = rec.get("accuracy")
     if acc is not None and (not isinstance(acc, list) or len(acc) != len(lam) or not all(_number(x) for x in acc)):
         return f"{name}: accuracy must be null or one number per lambda."
+    if acc is not None and not _number(rec.get("accuracy_drop")):
+        return f"{name}: a record with accuracy needs a numeric accuracy_drop."
     if not all(math.isfinite(x) for x in lam):
         return f"{name}: lambdas must be finite."
     return None

@@ -8,6 +8,7 @@ Everything drawn is already in the record; the engine is not run here.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import streamlit as st
@@ -16,7 +17,7 @@ from app import figures, sidebar
 from engine import zoo
 from engine.align import CLASSES
 from engine.errors import LMCError
-from engine.results import cache_dir, cache_file, cached_record
+from engine.results import StoreWarning, cache_dir, cache_file, cached_record
 
 # What each symmetry class lets an aligner change (MATH.md sections 1-3), in the reader's words.
 CLASS_INFO = {
@@ -35,8 +36,17 @@ SIDES = {"relative": "g_A⁻¹ g_B: B moved onto A (what the path uses)", "a": "
 
 @st.cache_data(show_spinner=False)
 def load_record(model_a: str, model_b: str, method: str, store: str, stamp: int) -> dict | None:
-    """The cached record of one pair and method; `stamp` (the file's mtime) renews it after a rebuild."""
-    return cached_record(model_a, model_b, method, Path(store))
+    """The cached record of one pair and method; `stamp` (the file's mtime) renews it after a rebuild.
+
+    The store skips an unusable record with a StoreWarning; this page shows only that record, so
+    the reason is its error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rec = cached_record(model_a, model_b, method, Path(store))
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    if skipped:
+        raise LMCError(skipped[0][0].upper() + skipped[0][1:])
+    return rec
 
 
 def cached(sel: sidebar.Selection) -> dict | None:

@@ -8,6 +8,7 @@ beside them. Nothing here touches torch: the engine returns result records, app.
 from __future__ import annotations
 
 import time
+import warnings
 
 import streamlit as st
 
@@ -15,7 +16,7 @@ from app import figures, sidebar
 from engine import zoo
 from engine.api import run_pair
 from engine.errors import LMCError
-from engine.results import RunConfig, cache_dir, cached_record, list_cached
+from engine.results import RunConfig, StoreWarning, cache_dir, cached_record, list_cached
 
 # Evaluation subsets for a live run. Measured on one busy CPU core with a zoo LM: 8,192 tokens take
 # about 10 s for the 21-point path, the whole test split (~196k tokens) minutes; the 360-image
@@ -27,12 +28,16 @@ DEFAULT_ITEMS = {"lm": 8_192, "vit": None, None: 8_192}
 
 
 @st.cache_data(show_spinner=False)
-def cached_records(model_a: str, model_b: str, store: str, stamp: int) -> list[dict]:
-    """Every cached record of the pair, one per method; `stamp` (manifest mtime) renews it after a rebuild."""
-    rows = [r for r in list_cached(store) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
-    recs = [cached_record(model_a, model_b, r["method"], store) for r in rows]
+def cached_records(model_a: str, model_b: str, store: str, stamp: int) -> tuple[list[dict], list[str]]:
+    """Every usable cached record of the pair, one per method, and a sentence per record skipped
+    (unreadable or incomplete: the others still show); `stamp` (manifest mtime) renews it after a rebuild."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rows = [r for r in list_cached(store) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
+        recs = [cached_record(model_a, model_b, r["method"], store) for r in rows]
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
     order = {m: i for i, m in enumerate(sidebar.methods())}  # registry order: naive first, then aligners
-    return sorted((r for r in recs if r), key=lambda r: (order.get(r["method"], len(order)), r["method"]))
+    return sorted((r for r in recs if r), key=lambda r: (order.get(r["method"], len(order)), r["method"])), skipped
 
 
 def load_cached(sel: sidebar.Selection) -> list[dict]:
@@ -41,7 +46,10 @@ def load_cached(sel: sidebar.Selection) -> list[dict]:
     store = cache_dir()
     manifest = store / "manifest.json"
     stamp = manifest.stat().st_mtime_ns if manifest.is_file() else 0
-    return cached_records(sel.model_a, sel.model_b, str(store), stamp)
+    recs, skipped = cached_records(sel.model_a, sel.model_b, str(store), stamp)
+    for s in skipped:
+        st.warning(s[0].upper() + s[1:])
+    return recs
 
 
 def items_label(n: int | None, task: str | None) -> str:

@@ -17,7 +17,15 @@ import torch
 from safetensors import SafetensorError
 
 from engine.errors import ModelError
-from engine.models.io import HF_RULES, check_finite, check_float_weights, read_config, refuse_pickles, write_into_dir
+from engine.models.io import (
+    HF_RULES,
+    check_fields,
+    check_finite,
+    check_float_weights,
+    read_config,
+    refuse_pickles,
+    write_into_dir,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -96,6 +104,28 @@ def hf_model_type(path: Path) -> str | None:
     return t if isinstance(t, str) else None
 
 
+def check_hf_config(config: dict, source: str) -> None:
+    """Refuse an HF config dict that transformers would refuse, in one sentence naming the field.
+
+    The fields the adapters read are type-checked first (io.HF_RULES); then, for a model_type
+    transformers knows, its own config class validates every other field (transformers 5 checks
+    types strictly: an int where a float belongs, a list as a token id).
+    """
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    check_fields(config, HF_RULES, source)
+    mt = config.get("model_type")
+    if mt not in CONFIG_MAPPING:
+        return
+    try:
+        AutoConfig.for_model(mt, **{k: v for k, v in config.items() if k != "model_type"})
+    except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as e:
+        lines = [s.strip() for s in str(e).strip().splitlines() if s.strip()]
+        raise ModelError(f"{source} is not a valid {mt} config ({' '.join(lines[:2])[:300]}).") from None
+
+
 def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
     """`cls.from_pretrained` from a local directory, safetensors only, refusing anything partial.
 
@@ -103,11 +133,14 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
     an LMC measurement on such a model would be silently meaningless, so any missing or
     mismatched key is an error here.
     """
+    from huggingface_hub.errors import StrictDataclassError
+
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"Model path {path} is not a directory.")
     refuse_pickles(path)
-    cfg = read_config(path, HF_RULES)  # JSON object, no auto_map, sizes and flags of the right types
+    cfg = read_config(path)  # a JSON object without auto_map
+    check_hf_config(cfg, f"{path / 'config.json'}")  # sizes and flags of the right types, before any build
     if cfg.get("model_type") != model_type:
         raise ModelError(
             f"Model directory {path} has model_type {cfg.get('model_type')!r}, not {model_type!r} ({display})."
@@ -121,7 +154,7 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
             output_loading_info=True,
         )
     except (SafetensorError, OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError,
-            ArithmeticError, AssertionError, IndexError) as e:
+            ArithmeticError, AssertionError, IndexError, StrictDataclassError) as e:
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ModelError(
             f"Model directory {path} could not be loaded as {display} ({type(e).__name__}: {msg})."

@@ -141,15 +141,17 @@ def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
     assert list(curves(chart(at, "barrier_chart"))) == [f"{NAIVE}, live (256 tokens)"]
 
 
-def test_a_corrupt_cached_record_shows_an_error(tiny_env, monkeypatch, tmp_path):
+def test_a_corrupt_cached_record_is_skipped_with_a_warning(tiny_env, monkeypatch, tmp_path):
     _, store = tiny_env
     broken = tmp_path / "store"
     shutil.copytree(store, broken)
     (broken / f"{key(CACHED_PAIRS[0])}__naive.json").write_text("{not json")
     monkeypatch.setenv("LMC_CACHE_DIR", str(broken))
     at = page()
-    assert not at.exception
-    assert "is not valid JSON" in at.error[0].value
+    assert not at.exception and not at.error
+    assert "is not valid JSON" in at.warning[0].value and "__naive.json" in at.warning[0].value
+    weight = cached_record(*CACHED_PAIRS[0], "weight", broken)  # the pair's other method still shows
+    assert [m.value for m in at.metric if m.label == "Barrier"] == [f"{weight['barrier']:.4f}"]
     assert at.button(key="run")  # the page still offers a live run
 
 

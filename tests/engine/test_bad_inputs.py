@@ -1,0 +1,586 @@
+"""Bad input of every kind: one line `error: ...`, exit status 2, no traceback, nothing lost on disk.
+
+Each CLI case builds its scenario in a fresh directory, snapshots every path under it and under the
+shared input models (bytes, mode, mtime, symlink target), runs `engine.cli.main` in-process and checks
+the refusal and that the snapshot is unchanged. Two cases run the real `python -m engine` entry point.
+Then: store degradation (a broken record is skipped with a warning), resumable `cache build`, output
+writes that keep what the tool did not write, and a Hypothesis search over mutated config.json files
+(a clean ModelError / LMCError, or a model that loads and runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from ref_models import tiny
+from safetensors.torch import load_file, save_file
+
+from engine import zoo
+from engine.cli import main
+from engine.errors import LMCError, ModelError
+from engine.models import hf_gpt2, load_model, model_logits, reference, save_model, timm_vit
+from engine.models.io import MARKER
+from engine.results import StoreWarning, cached_record, list_cached, load_record, store, write_manifest
+
+ROOT = Path(__file__).resolve().parents[2]
+LM = tiny(vocab_size=256)  # byte-level evaluation needs a vocabulary of 256
+GPT2 = {"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 32, "vocab_size": 256, "bos_token_id": 0,
+        "eos_token_id": 0}
+VIT_ARGS = {"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10, "embed_dim": 32, "depth": 2,
+            "num_heads": 4}
+IS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures: tiny models saved once, a fresh working directory per case
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> SimpleNamespace:
+    root = tmp_path_factory.mktemp("inputs")
+    for s in (0, 1):
+        save_model(reference.build(LM, seed=s), root / f"m{s}")
+    save_model(reference.build(replace(LM, pe="none"), seed=0), root / "nope")
+    save_model(hf_gpt2.build(GPT2, seed=0), root / "gpt2")
+    save_model(timm_vit.build(VIT_ARGS, seed=0), root / "vit")
+    return SimpleNamespace(root=root, a=root / "m0", b=root / "m1", nope=root / "nope", gpt2=root / "gpt2",
+                           vit=root / "vit")
+
+
+def snapshot(*roots: Path) -> dict:
+    """Every path under `roots`: (kind, bytes or link target, mode, mtime) - files and links exactly."""
+    out = {}
+    for r in roots:
+        if not os.path.lexists(r):
+            continue
+        for dirpath, dirnames, filenames in os.walk(r):
+            for n in dirnames + filenames:
+                p = Path(dirpath) / n
+                st_ = p.lstat()
+                if p.is_symlink():
+                    out[str(p)] = ("link", os.readlink(p))
+                elif p.is_dir():
+                    out[str(p)] = ("dir", st_.st_mode)
+                elif p.is_file():
+                    out[str(p)] = ("file", p.read_bytes(), st_.st_mode, st_.st_mtime_ns)
+                else:
+                    out[str(p)] = ("other", st_.st_mode, st_.st_mtime_ns)
+    return out
+
+
+@dataclass(frozen=True)
+class Ctx:
+    base: SimpleNamespace
+    work: Path
+
+    @property
+    def a(self) -> str:
+        return str(self.base.a)
+
+    @property
+    def b(self) -> str:
+        return str(self.base.b)
+
+    def model(self, name: str = "m0", config: dict | None = None, edit: Callable[[dict], None] | None = None) -> str:
+        """A copy of an input model in the work directory, its config.json replaced or edited."""
+        d = self.work / f"copy-{name}"
+        shutil.copytree(getattr(self.base, {"m0": "a", "m1": "b"}.get(name, name)), d)
+        if config is not None or edit is not None:
+            cfg = json.loads((d / "config.json").read_text()) if config is None else config
+            if edit is not None:
+                edit(cfg)
+            (d / "config.json").write_text(json.dumps(cfg))
+        return str(d)
+
+    def file(self, rel: str, text: str = "hello\n") -> str:
+        p = self.work / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        return str(p)
+
+
+@pytest.fixture
+def ctx(base, tmp_path, monkeypatch) -> Ctx:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
+    return Ctx(base, work)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scenario builders that need more than one line
+
+
+def _setitem(k, v):
+    return lambda c: c.__setitem__(k, v)
+
+
+def _symlinked_config(c: Ctx, target: str) -> str:
+    d = c.model()
+    (Path(d) / "config.json").unlink()
+    (Path(d) / "config.json").symlink_to(target)
+    return d
+
+
+def _int_weights(c: Ctx) -> str:
+    d = Path(c.model())
+    state = load_file(str(d / "model.safetensors"))
+    k = "embed.tok"
+    state[k] = (state[k] * 100).to(torch.int64)
+    save_file(state, str(d / "model.safetensors"))
+    return str(d)
+
+
+def _pickled_only(c: Ctx) -> str:
+    d = Path(c.model())
+    (d / "model.safetensors").unlink()
+    (d / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")
+    return str(d)
+
+
+def _tokenizer_auto_map(c: Ctx) -> str:
+    d = Path(c.model("gpt2"))
+    (d / "tokenization_evil.py").write_text(f"open({str(c.work / 'EXECUTED')!r}, 'w').write('ran')\n")
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"auto_map": {"AutoTokenizer": ["tokenization_evil.EvilTokenizer", None]}, "tokenizer_class": "EvilTokenizer"}))
+    return str(d)
+
+
+def _broken_tokenizer(c: Ctx) -> str:
+    d = Path(c.model("gpt2"))
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+    return str(d)
+
+
+def _fifo(c: Ctx) -> str:
+    p = c.work / "pipe"
+    os.mkfifo(p)
+    return str(p)
+
+
+def _link_to_dir(c: Ctx) -> str:
+    (c.work / "adir").mkdir()
+    (c.work / "link.json").symlink_to(c.work / "adir")
+    return str(c.work / "link.json")
+
+
+def _user_dir(c: Ctx) -> str:
+    c.file("mine/notes.txt", "my notes\n")
+    c.file("mine/config.json", '{"mine": true}\n')
+    return str(c.work / "mine")
+
+
+def _link_to_b(c: Ctx) -> str:
+    (c.work / "alias").symlink_to(c.base.b)
+    return str(c.work / "alias")
+
+
+def _readonly_dir(c: Ctx) -> str:
+    d = c.work / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    return str(d / "r.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases: id -> (argv from the context, a phrase the error must contain)
+
+Case = tuple[Callable[[Ctx], list[str]], str]
+I, A = "interpolate", "align"
+CASES: dict[str, Case] = {
+    # arguments
+    "points-1": (lambda c: [I, c.a, c.b, "--points", "1"], "--points"),
+    "points-0": (lambda c: [I, c.a, c.b, "--points", "0"], "from 2 to 1,001"),
+    "points-negative": (lambda c: [I, c.a, c.b, "--points", "-3"], "--points"),
+    "points-huge": (lambda c: [I, c.a, c.b, "--points", "100000"], "from 2 to 1,001"),
+    "points-word": (lambda c: [I, c.a, c.b, "--points", "many"], "'many'"),
+    "points-fraction": (lambda c: [I, c.a, c.b, "--points", "2.5"], "'2.5'"),
+    "device-unknown": (lambda c: [I, c.a, c.b, "--device", "gpu"], "invalid choice: 'gpu'"),
+    "eval-items-0": (lambda c: [I, c.a, c.b, "--eval-items", "0"], "positive number or 'all'"),
+    "eval-items-negative": (lambda c: [I, c.a, c.b, "--eval-items", "-5"], "positive number or 'all'"),
+    "eval-items-word": (lambda c: [I, c.a, c.b, "--eval-items", "lots"], "'lots'"),
+    "split-train": (lambda c: [I, c.a, c.b, "--split", "train"], "invalid choice: 'train'"),
+    "steps-negative-learned": (lambda c: [A, c.a, c.b, "--method", "learned", "--steps", "-1"], "--steps"),
+    "steps-negative-dual": (lambda c: [A, c.a, c.b, "--method", "dual", "--steps", "-1"], "--steps"),
+    "steps-huge": (lambda c: [A, c.a, c.b, "--method", "dual", "--steps", "10000000"], "to 100,000"),
+    "steps-for-weight": (lambda c: [A, c.a, c.b, "--method", "weight", "--steps", "5"], "has no steps"),
+    "alpha-nan": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "nan"], "finite number"),
+    "alpha-inf": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "inf"], "finite number"),
+    "alpha-7": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "7"], "--extrapolate"),
+    "alpha-negative": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "-0.5"], "outside [0, 1]"),
+    "alpha-without-save": (lambda c: [A, c.a, c.b, "--alpha", "0.3"], "add --save-merged"),
+    "extrapolate-without-save": (lambda c: [A, c.a, c.b, "--extrapolate"], "add --save-merged"),
+    "method-unknown": (lambda c: [A, c.a, c.b, "--method", "magic"], "invalid choice: 'magic'"),
+    "classes-unknown": (lambda c: [A, c.a, c.b, "--classes", "bogus"], "invalid choice: 'bogus'"),
+    "seed-negative": (lambda c: [A, c.a, c.b, "--seed", "-1"], "--seed"),
+    "seed-too-big": (lambda c: [A, c.a, c.b, "--seed", str(2**32)], "--seed"),
+    "train-steps-negative": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--steps", "-1", "--out", "t"],
+                             "--steps"),
+    "train-steps-0": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--steps", "0", "--out", "t"], "--steps"),
+    "train-task-unknown": (lambda c: ["train", "--task", "speech", "--pe", "rope", "--out", "t"], "'speech'"),
+    "train-no-out": (lambda c: ["train", "--task", "lm", "--pe", "rope"], "--out"),
+    "train-seed-negative": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--seed", "-3", "--out", "t"],
+                            "--seed"),
+    "zoo-build-unknown": (lambda c: ["zoo", "build", "--only", "lm-nope-s9"], "lm-nope-s9"),
+    "zoo-list-only": (lambda c: ["zoo", "list", "--only", "lm-none-s0"], "zoo build"),
+    "cache-build-unknown-name": (lambda c: ["cache", "build", "--only", "nothing"], "--only nothing"),
+    "cache-build-unknown-method": (lambda c: ["cache", "build", "--methods", "foo"], "invalid choice: 'foo'"),
+    "cache-build-only-empty": (lambda c: ["cache", "build", "--only"], "--only"),
+    "cache-table-force": (lambda c: ["cache", "table", "--force"], "cache build"),
+    "no-command": (lambda c: [], "required: command"),
+    "unknown-command": (lambda c: ["merge", c.a, c.b], "invalid choice: 'merge'"),
+    "missing-model-b": (lambda c: [I, c.a], "required: model_b"),
+    "model-not-found": (lambda c: [I, c.a, "lm-nothing-s7"], "neither a zoo model"),
+    "model-is-a-file": (lambda c: [I, c.a, c.file("weights.txt")], "neither a zoo model"),
+    "model-empty-string": (lambda c: [I, c.a, ""], "empty string"),
+    # output locations: checked before any model is loaded, nothing written
+    "out-is-directory": (lambda c: [I, c.a, c.b, "--out", str(c.work)], "is a directory"),
+    "out-under-a-file": (lambda c: [I, c.a, c.b, "--out", c.file("f.txt") + "/r.json"], "is not a directory"),
+    "out-device-node": (lambda c: [I, c.a, c.b, "--out", "/dev/null"], "not a regular file"),
+    "out-fifo": (lambda c: [I, c.a, c.b, "--out", _fifo(c)], "not a regular file"),
+    "out-symlink-to-dir": (lambda c: [I, c.a, c.b, "--out", _link_to_dir(c)], "is a directory"),
+    "out-empty": (lambda c: [I, c.a, c.b, "--out", ""], "empty string"),
+    "out-into-input-model": (lambda c: [I, c.a, c.b, "--out", str(c.base.a / "config.json")], "input model"),
+    "out-over-merged-config": (lambda c: [A, c.a, c.b, "--save-merged", "mg", "--out", "mg/config.json"],
+                               "--save-merged"),
+    "save-merged-dot": (lambda c: [A, c.a, c.b, "--save-merged", (c.file("keep.txt"), ".")[1]],
+                        "did not write"),
+    "save-merged-user-dir": (lambda c: [A, c.a, c.b, "--save-merged", _user_dir(c)], "did not write"),
+    "save-merged-input-a": (lambda c: [A, c.a, c.b, "--save-merged", c.a], "input model directory"),
+    "save-merged-input-a-overwrite": (lambda c: [A, c.a, c.b, "--save-merged", c.a, "--overwrite"],
+                                      "input model directory"),
+    "save-merged-symlink-to-b": (lambda c: [A, c.a, c.b, "--save-merged", _link_to_b(c)], "input model directory"),
+    "save-merged-is-file": (lambda c: [A, c.a, c.b, "--save-merged", c.file("merged")], "not a directory"),
+    "save-merged-under-file": (lambda c: [A, c.a, c.b, "--save-merged", c.file("g.txt") + "/m"], "not a directory"),
+    "train-out-user-dir": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--out", _user_dir(c)],
+                           "did not write"),
+    "train-out-is-file": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--out", c.file("t")],
+                          "not a directory"),
+    "train-out-dot": (lambda c: ["train", "--task", "lm", "--pe", "rope", "--out", (c.file("k.txt"), ".")[1]],
+                      "did not write"),
+    # model directories: malformed configs, code, foreign weights
+    "config-not-json": (lambda c: [I, c.a, _write(c, "{not json")], "not valid JSON"),
+    "config-json-list": (lambda c: [I, c.a, _write(c, "[1, 2]")], "not an object"),
+    "config-string-number": (lambda c: [I, c.a, c.model(edit=_setitem("d_model", "32"))], "d_model"),
+    "config-zero-heads": (lambda c: [I, c.a, c.model(edit=_setitem("n_heads", 0))], "n_heads"),
+    "config-negative-layers": (lambda c: [I, c.a, c.model(edit=_setitem("n_layers", -1))], "n_layers"),
+    "config-bool-size": (lambda c: [I, c.a, c.model(edit=_setitem("d_mlp", True))], "d_mlp"),
+    "config-nested-junk": (lambda c: [I, c.a, c.model(edit=_setitem("norm_eps", {"a": [1, {"b": None}]}))],
+                           "norm_eps"),
+    "config-nan": (lambda c: [I, c.a, _write(c, '{"family": "reference", "norm_eps": NaN}')], "NaN"),
+    "config-deep-nesting": (lambda c: [I, c.a, _write(c, "[" * 100_000 + "]" * 100_000)], "nests too deeply"),
+    "config-symlink-to-junk": (lambda c: [I, c.a, _symlinked_config(c, c.file("junk.bin", "\x00\x01garbage"))],
+                               "not valid JSON"),
+    "config-symlink-to-device": (lambda c: [I, c.a, _symlinked_config(c, "/dev/zero")], "not a regular file"),
+    "config-symlink-dangling": (lambda c: [I, c.a, _symlinked_config(c, "/nonexistent/config.json")],
+                                "does not exist"),
+    "config-auto-map": (lambda c: [I, c.a, c.model(edit=_setitem("auto_map", {"AutoModel": "evil.Model"}))],
+                        "auto_map"),
+    "tokenizer-auto-map": (lambda c: [I, _tokenizer_auto_map(c), str(c.base.gpt2)], "auto_map"),
+    "tokenizer-broken": (lambda c: [I, _broken_tokenizer(c), str(c.base.gpt2)], "tokenizer"),
+    "gpt2-string-heads": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("n_head", "4"))], "n_head"),
+    "gpt2-zero-heads": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("n_head", 0))], "n_head"),
+    "gpt2-auto-map": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("auto_map", {"a": "b.C"}))],
+                      "auto_map"),
+    "timm-checkpoint-path": (lambda c: [I, str(c.base.vit), c.model("vit", edit=lambda d: d["model_args"].update(
+        checkpoint_path=c.file("secret.txt")))], "checkpoint_path"),
+    "timm-pretrained-cfg-file": (lambda c: [I, str(c.base.vit), c.model("vit", edit=_setitem(
+        "pretrained_cfg", {"file": c.file("w.bin")}))], "weight source"),
+    "timm-pretrained-flag": (lambda c: [I, str(c.base.vit), c.model("vit", edit=lambda d: d["model_args"].update(
+        pretrained=True))], "not a VisionTransformer option"),
+    "timm-zero-heads": (lambda c: [I, str(c.base.vit), c.model("vit", edit=lambda d: d["model_args"].update(
+        num_heads=0))], "num_heads"),
+    "int-weights": (lambda c: [I, c.a, _int_weights(c)], "floating point"),
+    "pickled-only": (lambda c: [I, c.a, _pickled_only(c)], "pickled"),
+    "unknown-family": (lambda c: [I, c.a, c.model(config={"hello": 1})], "not a supported family"),
+    "mismatched-architectures": (lambda c: [I, c.a, str(c.base.nope), "--points", "2"], "pe is 'rope' vs 'none'"),
+    "symmetry-config-junk": (lambda c: ["symmetry", c.model(edit=_setitem("n_heads", "x")), "--dims-only"],
+                             "n_heads"),
+}
+
+
+def _write(c: Ctx, text: str) -> str:
+    """A copy of model A whose config.json holds `text`."""
+    d = Path(c.model())
+    (d / "config.json").write_text(text)
+    return str(d)
+
+
+def _check_refusal(rc: int, err: str, phrase: str) -> None:
+    lines = err.strip("\n").splitlines()
+    assert rc == 2, err
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in err
+    assert phrase in lines[0], f"{phrase!r} not in {lines[0]!r}"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_cli_refuses_bad_input_in_one_line_and_touches_nothing(name, ctx, capsys):
+    build, phrase = CASES[name]
+    argv = build(ctx)
+    before = snapshot(ctx.work, ctx.base.root)
+    rc = main(argv)
+    _check_refusal(rc, capsys.readouterr().err, phrase)
+    assert snapshot(ctx.work, ctx.base.root) == before
+    assert not (ctx.work / "EXECUTED").exists()  # nothing from a model directory ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_a_sentence(ctx, capsys):
+    rc = main([I, ctx.a, ctx.b, "--device", "cuda", "--out", "r.json"])
+    _check_refusal(rc, capsys.readouterr().err, "no CUDA GPU")
+    assert not (ctx.work / "r.json").exists()
+
+
+@pytest.mark.skipif(IS_ROOT, reason="root writes into read-only directories")
+def test_read_only_output_location_is_refused_before_the_run(ctx, capsys):
+    rc = main([I, ctx.a, ctx.b, "--out", _readonly_dir(ctx)])
+    _check_refusal(rc, capsys.readouterr().err, "not writable")
+
+
+@pytest.mark.parametrize("action", ["table", "build"])
+def test_a_store_that_is_a_file_is_a_sentence(action, ctx, capsys, monkeypatch):
+    monkeypatch.setenv("LMC_CACHE_DIR", ctx.file("store.json", "{}"))
+    before = snapshot(ctx.work)
+    argv = ["cache", action] + (["--only", "lm-none-s0", "--methods", "naive"] if action == "build" else [])
+    _check_refusal(main(argv), capsys.readouterr().err, "not a directory")
+    assert snapshot(ctx.work) == before
+
+
+@pytest.mark.parametrize("argv", [["interpolate", "a", "b", "--points", "1"], ["interpolate", "{a}", "{b}", "--out", "/dev/null"]])
+def test_the_real_entry_point_prints_one_line(argv, base, tmp_path):
+    argv = [s.format(a=base.a, b=base.b) for s in argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LMC_CACHE_DIR": str(tmp_path / "store")}
+    r = subprocess.run([sys.executable, "-m", "engine", *argv], cwd=ROOT, capture_output=True, text=True,
+                       env=env, timeout=120, check=False)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs: written through links, into directories without losing anything
+
+
+def test_out_writes_through_a_symlink_and_keeps_it(ctx, capsys):
+    (ctx.work / "link.json").symlink_to(ctx.work / "real.json")
+    rc = main([I, ctx.a, ctx.b, "--points", "2", "--eval-items", "64", "--out", "link.json"])
+    assert rc == 0, capsys.readouterr().err
+    assert (ctx.work / "link.json").is_symlink()
+    rec = load_record(ctx.work / "real.json")
+    prov = rec["provenance"]
+    assert prov["device"] == rec["config"]["device"] == "cpu" and prov["dtype"] == "float32"
+    assert prov["torch"] == torch.__version__ and prov["threads"] == torch.get_num_threads()
+    assert set(prov) >= {"engine_version", "git_commit", "transformers"}
+
+
+def test_save_merged_keeps_user_files_and_rewrites_only_its_own(ctx, capsys):
+    user = Path(_user_dir(ctx))
+    rc = main([A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64",
+               "--save-merged", str(user), "--overwrite"])
+    assert rc == 0, capsys.readouterr().err
+    assert (user / "notes.txt").read_text() == "my notes\n"  # untouched
+    assert not (user / MARKER).exists()  # a directory the tool did not create is not claimed
+    merged = load_model(user)
+    a, b = load_model(ctx.a), load_model(ctx.b)
+    k = "embed.tok"
+    want = 0.5 * (a.module.state_dict()[k] + b.module.state_dict()[k])
+    assert torch.allclose(merged.module.state_dict()[k], want, rtol=0, atol=1e-6)
+    # A directory the tool created carries the marker and may be written again without --overwrite;
+    # a file of its own name left from an earlier save (metrics.json) goes, others' files stay.
+    out = ctx.work / "merged"
+    assert main([A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64",
+                 "--save-merged", str(out)]) == 0
+    assert (out / MARKER).is_file()
+    (out / "metrics.json").write_text("{}")
+    (out / "mine.txt").write_text("keep")
+    assert main([A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64",
+                 "--save-merged", str(out), "--alpha", "0.25"]) == 0
+    assert not (out / "metrics.json").exists() and (out / "mine.txt").read_text() == "keep"
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------------------------
+# The store degrades gracefully
+
+
+@pytest.fixture
+def tiny_zoo(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "zoo"
+    for name in ("lm-none-s0", "lm-none-s1"):
+        save_model(reference.build(replace(LM, pe="none"), seed=zoo.ENTRIES[name].seed), root / name)
+    monkeypatch.setenv("LMC_ZOO_DIR", str(root))
+    store_dir = tmp_path / "store"
+    monkeypatch.setenv("LMC_CACHE_DIR", str(store_dir))
+    return store_dir
+
+
+BUILD = ["cache", "build", "--only", "lm-none-s0", "--methods", "naive", "weight", "--eval-items", "64"]
+
+
+def _stamp(f: Path) -> tuple:
+    return f.read_bytes(), f.stat().st_mtime_ns
+
+
+def test_cache_build_resumes_and_rebuilds_the_manifest(tiny_zoo, capsys):
+    store_dir = tiny_zoo
+    assert main(BUILD) == 0, capsys.readouterr().err
+    naive = store_dir / "lm-none-s0__lm-none-s1__naive.json"
+    weight = store_dir / "lm-none-s0__lm-none-s1__weight.json"
+    kept = _stamp(naive)
+    # A killed build: one record half-written, the manifest gone.
+    weight.write_text('{"method": "weight", "model_a": ')
+    (store_dir / "manifest.json").unlink()
+    capsys.readouterr()
+    assert main(BUILD) == 0
+    err = capsys.readouterr().err
+    assert "1 record(s) up to date, 1 to compute" in err
+    assert _stamp(naive) == kept  # the finished record was neither recomputed nor rewritten
+    assert load_record(weight)["method"] == "weight"
+    rows = json.loads((store_dir / "manifest.json").read_text())["records"]
+    assert sorted(r["file"] for r in rows) == sorted([naive.name, weight.name])
+    # Up to date: nothing is recomputed; --force recomputes.
+    assert main(BUILD) == 0 and "2 record(s) up to date, 0 to compute" in capsys.readouterr().err
+    assert _stamp(naive) == kept
+    assert main([*BUILD, "--force"]) == 0 and "0 record(s) up to date, 2 to compute" in capsys.readouterr().err
+
+
+def test_a_bad_record_is_skipped_with_a_warning_everywhere(tiny_zoo, capsys):
+    store_dir = tiny_zoo
+    assert main(BUILD) == 0
+    naive = store_dir / "lm-none-s0__lm-none-s1__naive.json"
+    weight = store_dir / "lm-none-s0__lm-none-s1__weight.json"
+    good = load_record(weight)
+    naive.write_text("[1, 2, 3]")  # a JSON list, not a record
+    capsys.readouterr()
+    assert main(["cache", "table"]) == 0
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and naive.name in lines[0]
+    row = next(line for line in out.splitlines() if line.startswith("| lm-none-s0 / lm-none-s1"))
+    assert f"{good['barrier']:.3f} / {good['midpoint_barrier']:.3f}" in row and "| - |" in row
+    # Library: the same record is None with a StoreWarning; the pair's other methods are still there
+    # (what the app's connectivity page reads); the manifest lists only the usable record.
+    with pytest.warns(StoreWarning, match=naive.name):
+        assert cached_record("lm-none-s0", "lm-none-s1", "naive") is None
+    assert cached_record("lm-none-s0", "lm-none-s1", "weight")["barrier"] == good["barrier"]
+    with pytest.warns(StoreWarning, match=naive.name):
+        problems = write_manifest()
+    assert len(problems) == 1 and [r["method"] for r in list_cached()] == ["weight"]
+    # A record lacking a field, and one whose content contradicts its file name, are skipped too.
+    weight.write_text(json.dumps({k: v for k, v in good.items() if k != "barrier"}))
+    with pytest.warns(StoreWarning, match="missing barrier"):
+        assert cached_record("lm-none-s0", "lm-none-s1", "weight") is None
+    weight.write_text(json.dumps({**good, "method": "dual"}))
+    with pytest.warns(StoreWarning, match="not what its name says"):
+        assert cached_record("lm-none-s0", "lm-none-s1", "weight") is None
+    with pytest.raises(LMCError, match="missing barrier"):
+        store({k: v for k, v in good.items() if k != "barrier"})
+
+
+def test_an_unreadable_manifest_lists_the_records_present(tiny_zoo, capsys):
+    assert main(BUILD) == 0
+    (tiny_zoo / "manifest.json").write_text("not json")
+    with pytest.warns(StoreWarning, match="manifest"):
+        rows = list_cached()
+    assert sorted(r["method"] for r in rows) == ["naive", "weight"]
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------------------------------------
+# Hypothesis: any mutation of a config.json is a clean refusal or a model that loads and runs
+
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 70), st.sampled_from([0.0, -1.0, 1e-5, 2.5, 1e300]),
+    st.text(max_size=6), st.lists(st.integers(-2, 4), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.recursive(st.integers(), lambda s: st.lists(s, max_size=2) | st.dictionaries(st.text(max_size=2), s, max_size=2),
+                 max_leaves=6),
+)
+
+
+def _mutations(keys: list[str]):
+    one = st.one_of(
+        st.tuples(st.just("drop"), st.sampled_from(keys), st.none()),
+        st.tuples(st.just("set"), st.sampled_from(keys), JUNK),
+        st.tuples(st.just("add"), st.text(min_size=1, max_size=8), JUNK),
+    )
+    return st.lists(one, min_size=1, max_size=3)
+
+
+def _mutate(cfg: dict, muts) -> dict:
+    cfg = dict(cfg)
+    for op, k, v in muts:
+        if op == "drop":
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    return cfg
+
+
+def _load_or_refuse(d: Path, cfg: dict, task: str) -> None:
+    (d / "config.json").write_text(json.dumps(cfg))
+    try:
+        m = load_model(d)
+    except (ModelError, LMCError):
+        return
+    x = torch.randint(0, m.arch.n_out, (1, 4)) if task == "lm" else torch.rand(1, 1, 8, 8)
+    try:
+        y = model_logits(m, x)
+    except (ModelError, LMCError):
+        return
+    assert torch.isfinite(y).all()
+
+
+@pytest.fixture(scope="module")
+def mutable(base, tmp_path_factory) -> dict[str, tuple[Path, dict]]:
+    """Copies of the saved models to rewrite config.json in, with their original configs."""
+    root = tmp_path_factory.mktemp("mutable")
+    out = {}
+    for k in ("a", "gpt2", "vit"):
+        d = Path(shutil.copytree(getattr(base, k), root / k))
+        out[k] = (d, json.loads((d / "config.json").read_text()))
+    return out
+
+
+REF_KEYS = list(reference.RefConfig().to_dict())
+GPT2_KEYS = ["n_embd", "n_head", "n_layer", "n_positions", "vocab_size", "n_inner", "model_type",
+             "activation_function", "layer_norm_epsilon", "tie_word_embeddings", "scale_attn_weights"]
+HYP = settings(max_examples=40, deadline=None, derandomize=True,
+               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+@HYP
+@given(muts=_mutations(REF_KEYS))
+def test_mutated_reference_configs_load_or_are_refused(mutable, muts):
+    d, cfg = mutable["a"]
+    _load_or_refuse(d, _mutate(cfg, muts), "lm")
+
+
+@settings(HYP, max_examples=15)
+@given(muts=_mutations(GPT2_KEYS))
+def test_mutated_gpt2_configs_load_or_are_refused(mutable, muts):
+    d, cfg = mutable["gpt2"]
+    _load_or_refuse(d, _mutate(cfg, muts), "lm")
+
+
+@settings(HYP, max_examples=15)
+@given(muts=_mutations(list(VIT_ARGS)))
+def test_mutated_timm_configs_load_or_are_refused(mutable, muts):
+    d, cfg = mutable["vit"]
+    _load_or_refuse(d, {**cfg, "model_args": _mutate(cfg["model_args"], muts)}, "vit")
