@@ -135,10 +135,14 @@ def cmd_zoo(args) -> None:
         print("the zoo is empty; run `python -m engine zoo build`")
         return
     print(f"{'name':<20} {'params':>8} {'test loss':>10} {'test acc':>9} {'steps':>6}  bar")
+
+    def num(v, spec: str) -> str:
+        return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
+
     for r in rows:
-        acc = f"{r['test_accuracy']:.2%}" if r["test_accuracy"] is not None else "-"
-        print(f"{r['name']:<20} {r['parameters']:>8,} {r['test_loss']:>10.4f} {acc:>9} {r['steps']:>6}  "
-              f"{'ok' if r['meets_bar'] else 'MISSED'}")
+        print(f"{r['name']:<20} {num(r.get('parameters'), ','):>8} {num(r.get('test_loss'), '.4f'):>10} "
+              f"{num(r.get('test_accuracy'), '.2%'):>9} {num(r.get('steps'), 'd'):>6}  "
+              f"{'ok' if r.get('meets_bar') else 'MISSED'}")
 
 
 def _check_zoo_names(names: list[str] | None) -> None:
@@ -403,8 +407,9 @@ def _warning_line(message, category, filename, lineno, file=None, line=None) -> 
 def _quiet_transformers():
     """No transformers progress bars or advisories on stderr around the CLI's own lines.
 
-    Before transformers is imported its environment switches do it; once imported, its logging
-    module. The previous state is restored afterwards (the CLI also runs in-process, in tests).
+    Before transformers is imported its environment switches do it (and then hold for the process);
+    once imported, its logging module, whose previous state is restored afterwards (the CLI also runs
+    in-process, in tests).
     """
     env = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
     old_env = {k: os.environ.get(k) for k in env}
@@ -413,8 +418,6 @@ def _quiet_transformers():
         from transformers.utils import logging as hf_logging
 
         old = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
-    else:
-        old = True, 30  # transformers' defaults: bars on, WARNING
     os.environ.update(env)
     if imported:
         hf_logging.disable_progress_bar()
@@ -427,9 +430,7 @@ def _quiet_transformers():
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        if "transformers" in sys.modules:
-            from transformers.utils import logging as hf_logging
-
+        if imported:
             if old[0]:
                 hf_logging.enable_progress_bar()
             else:

@@ -8,15 +8,15 @@ the data hash. `python -m engine zoo build` retrains the lot from these definiti
 
 from __future__ import annotations
 
-import json
 import os
+import warnings
 from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
 from engine.data import ASSETS
 from engine.errors import ModelError
-from engine.models.io import write_json_atomic
+from engine.models.io import read_json_object, write_json_atomic
 from engine.models.reference import RefConfig
 from engine.train import LM_TRAIN, VIT_TRAIN, TrainConfig, lm_config, vit_config
 
@@ -92,8 +92,22 @@ def pairs() -> list[tuple[str, str]]:
 
 
 def manifest() -> list[dict]:
+    """The zoo manifest's rows; an unreadable manifest or row is skipped with a warning naming it."""
     f = zoo_dir() / "manifest.json"
-    return json.loads(f.read_text())["models"] if f.is_file() else []
+    if not f.is_file():
+        return []
+    try:
+        rows = read_json_object(f, f"Zoo manifest {f}", max_bytes=None).get("models")
+    except ModelError as e:
+        warnings.warn(f"{e} The zoo table is empty; `python -m engine zoo build` rewrites it.", stacklevel=2)
+        return []
+    if not isinstance(rows, list):
+        warnings.warn(f"Zoo manifest {f} has no list of models; the zoo table is empty.", stacklevel=2)
+        return []
+    good = [r for r in rows if isinstance(r, dict) and isinstance(r.get("name"), str)]
+    if len(good) < len(rows):
+        warnings.warn(f"Zoo manifest {f}: skipped {len(rows) - len(good)} row(s) without a model name.", stacklevel=2)
+    return good
 
 
 def write_manifest() -> list[dict]:
@@ -102,13 +116,22 @@ def write_manifest() -> list[dict]:
         m = e.path / "metrics.json"
         if not m.is_file():
             continue
-        met = json.loads(m.read_text())
         key, bar = QUALITY[e.task]
+        try:
+            met = read_json_object(m, max_bytes=None)
+        except ModelError as err:
+            warnings.warn(f"{err} {e.name} is left out of the zoo manifest.", stacklevel=2)
+            continue
+        missing = [k for k in ("parameters", "test_loss", "test_accuracy", "steps") if k not in met]
+        if missing or isinstance(met[key], bool) or not isinstance(met[key], (int, float)):
+            warnings.warn(f"{m} is not a usable metrics file (missing or non-numeric: {', '.join(missing) or key}); "
+                          f"{e.name} is left out of the zoo manifest.", stacklevel=2)
+            continue
         rows.append({
             "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed,
             "parameters": met["parameters"], "test_loss": met["test_loss"],
             "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
-            "steps": met["steps"], "train_seconds": met["train_seconds"], "data_sha256": met["data_sha256"],
+            "steps": met["steps"], "train_seconds": met.get("train_seconds"), "data_sha256": met.get("data_sha256"),
         })
     write_json_atomic(zoo_dir() / "manifest.json", {"models": rows})
     return rows

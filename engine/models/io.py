@@ -358,11 +358,10 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
                 f"{label} already holds files the tool did not write ({shown}); choose a new or empty "
                 "directory, or pass --overwrite to replace only the files of a checkpoint there."
             )
-        if overwrite:
-            for n in OWN_FILES:
-                p = target / n
-                if os.path.lexists(p) and not p.is_file():
-                    raise OutputError(f"{label}: {n} there is not a regular file; the tool will not replace it.")
+        for n in OWN_FILES:
+            p = target / n
+            if os.path.lexists(p) and not p.is_file():
+                raise OutputError(f"{label}: {n} there is not a regular file; the tool will not replace it.")
         return target
     _check_parent(target, label)
     return target

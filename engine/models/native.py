@@ -147,6 +147,9 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
         )
     if not any(path.glob("*.safetensors")):
         raise ModelError(f"Model directory {path} has no model.safetensors.")
+    for f in path.glob("*.safetensors"):
+        if not f.is_file():  # a link to a device or a directory: never handed to the reader
+            raise ModelError(f"{f} is not a regular file.")
     try:
         module, info = cls.from_pretrained(
             str(path), local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False,

@@ -166,6 +166,31 @@ def _broken_tokenizer(c: Ctx) -> str:
     return str(d)
 
 
+def _config_dir(c: Ctx) -> str:
+    d = Path(c.model())
+    (d / "config.json").unlink()
+    (d / "config.json").mkdir()
+    return str(d)
+
+
+def _weights_to_device(c: Ctx) -> str:
+    d = Path(c.model("gpt2"))
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").symlink_to("/dev/zero")
+    return str(d)
+
+
+def _link_loop(c: Ctx) -> str:
+    (c.work / "loop.json").symlink_to(c.work / "loop.json")
+    return str(c.work / "loop.json")
+
+
+def _marked_dir_with_config_dir(c: Ctx) -> str:
+    c.file(f"marked/{MARKER}", "")
+    (c.work / "marked" / "config.json").mkdir()
+    return str(c.work / "marked")
+
+
 def _fifo(c: Ctx) -> str:
     p = c.work / "pipe"
     os.mkfifo(p)
@@ -304,6 +329,12 @@ CASES: dict[str, Case] = {
         pretrained=True))], "not a VisionTransformer option"),
     "timm-zero-heads": (lambda c: [I, str(c.base.vit), c.model("vit", edit=lambda d: d["model_args"].update(
         num_heads=0))], "num_heads"),
+    "config-empty": (lambda c: [I, c.a, _write(c, "")], "not valid JSON"),
+    "config-is-directory": (lambda c: [I, c.a, _config_dir(c)], "is a directory"),
+    "gpt2-weights-link-to-device": (lambda c: [I, str(c.base.gpt2), _weights_to_device(c)], "not a regular file"),
+    "out-symlink-loop": (lambda c: [I, c.a, c.b, "--out", _link_loop(c)], "cannot be checked"),
+    "save-merged-own-name-is-dir": (lambda c: [A, c.a, c.b, "--save-merged", _marked_dir_with_config_dir(c)],
+                                    "not a regular file"),
     "int-weights": (lambda c: [I, c.a, _int_weights(c)], "floating point"),
     "pickled-only": (lambda c: [I, c.a, _pickled_only(c)], "pickled"),
     "unknown-family": (lambda c: [I, c.a, c.model(config={"hello": 1})], "not a supported family"),
@@ -371,6 +402,16 @@ def test_the_real_entry_point_prints_one_line(argv, base, tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+
+
+def test_a_corrupt_zoo_manifest_lists_nothing_with_a_warning(ctx, capsys):
+    (ctx.work.parent / "zoo").mkdir()
+    (ctx.work.parent / "zoo" / "manifest.json").write_text('{"models": [')
+    assert main(["zoo", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert "the zoo is empty" in out
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("warning: ") and "manifest.json is not valid JSON" in lines[0]
 
 
 # ---------------------------------------------------------------------------------------------
