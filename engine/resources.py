@@ -10,13 +10,18 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
     endpoints      2 P b         both models, loaded
     path model     1 P b         the one work model every grid point is lerped into
                                  (engine.interpolate; the grid size does not change the peak)
-    aligned B      1 P b         g.theta_B, for every method but naive
+    aligned B      1 P b         g.theta_B as a copy: only where the exactness check needs the original B
+                                 (a sinusoidal model's approximate residual map) or a LayerNorm model is
+                                 rewritten into an RMSNorm twin (residual_orth: 2 P b twins + 2 P 8 while
+                                 rewriting); otherwise B is moved in place (engine.align.run.move_in_place)
     method scratch
       naive        0
-      weight       8 (4 h (D+1) D + 3 m^2 + 4 D^2 + 2 P_layer)
-                   float64 scratch of the layer being matched: both models' head circuits
-                   W_Q W_K^T and W_V W_O [h, D+1, D], the MLP cost [m, m] and its terms, the
-                   residual cross products [D, D], both models' layer (P_layer) in float64
+      weight       w (2 P_layer + 4 h (D+1) D + m^2 + 6 L D^2) + 16 m^2 + 32 D^2 + 16 min(P_max, 2^22)
+                   w = 8 up to 20M parameters, else 4 (the work dtype of engine.align.weight): B's block
+                   moved twice (by Omega, by its own transform), both models' head circuits
+                   [h, D+1, D], the MLP cost [m, m] (and its float64 copy for the assignment solver),
+                   the summed circuits of every layer for the starting residual map [3L, D, D] per
+                   model, residual cross products, and one parameter moved in float64
       activation   weight's scratch
                    + 2 N_act L (2 D + m + 4 h d) b   both models' captured activations of one batch
                    + N_act V b                        the batch's logits
@@ -154,7 +159,12 @@ def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
     D, h, d, m, L, V = a.d_model, a.n_heads, a.d_head, a.d_mlp, a.n_layers, a.n_out
     if method == "naive":
         return 0
-    weight = F64_BYTES * (4 * h * (D + 1) * D + 3 * m * m + 4 * D * D + 2 * shape.layer_params)
+    from engine.align.run import BIG_PARAM
+    from engine.align.weight import SMALL_MODEL
+
+    w = F64_BYTES if shape.params <= SMALL_MODEL else 4
+    weight = (w * (2 * shape.layer_params + 4 * h * (D + 1) * D + m * m + 6 * L * D * D)
+              + 2 * F64_BYTES * (m * m + 2 * D * D) + 2 * F64_BYTES * min(shape.params, BIG_PARAM))
     if method == "weight":
         return weight
     if method == "activation":
@@ -192,7 +202,7 @@ def _itemsize(dtype: str | torch.dtype) -> tuple[str, int]:
 
 def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points: int = 21,
                  eval_items: int | None = None, dtype: str | torch.dtype = "float32",
-                 device: str = "cpu") -> Estimate:
+                 device: str = "cpu", classes: Sequence[str] = ()) -> Estimate:
     """The peak memory of aligning and interpolating the models in `model_dirs` (A, B), from configs.
 
     `points` is accepted for the record: the path reuses one work model, so the grid size changes
@@ -207,8 +217,11 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     name, b = _itemsize(dtype)
     sa, sb = (model_shape(p) for p in model_dirs)
     parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}
-    if method != "naive":
+    rewrite = "residual_orth" in classes and sa.arch.norm == "layernorm"
+    if method != "naive" and (sa.arch.pe == "sinusoidal" or rewrite):
         parts["aligned B"] = sb.bytes(b)
+    if method != "naive" and rewrite:
+        parts["LayerNorm rewrite"] = 2 * sa.bytes(b) + 2 * sa.bytes(F64_BYTES)
     scratch = method_scratch(sa, method, b)
     if scratch:
         parts[METHOD_NAMES[method]] = scratch
@@ -283,7 +296,7 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     from engine.zoo import resolve
 
     est = estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
-                       cfg.dtype, _run_device(cfg.device))
+                       cfg.dtype, _run_device(cfg.device), tuple(cfg.classes or ()))
     check_fits(est, available=available)
     return est
 

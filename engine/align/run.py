@@ -26,6 +26,7 @@ from engine.align.common import (
     resolve_classes,
     tick,
 )
+from engine.align.solvers import single_thread
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import Progress, check_same_architecture
@@ -98,7 +99,8 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
     """
     model, spec, views = pair.model_b, pair.spec, pair.params_b
     storage = {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
-    maps = element_maps(g)
+    with single_thread():
+        maps = element_maps(g)  # inverses of d x d maps
     pending = {}
     for key, ps in spec.params.items():
         v = views[key]

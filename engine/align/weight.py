@@ -37,6 +37,7 @@ from engine.align.solvers import (
     procrustes,
     residual_perm_from_scores,
     residual_perm_of,
+    single_thread,
 )
 from engine.interpolate import Progress
 from engine.models.base import Arch, Params
@@ -342,12 +343,15 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
             la = {k: pa[k].detach().to("cpu", wd) for k in keys}
             lb = _moved(spec, mats_o, pb, keys, wd)  # B's block seen through Omega
             hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
-            A, B = within_head(arch, structure, la, lb, layer, hp, kinds, g.layers[layer] if sweep else None)
+            with single_thread():  # d x d solves: on a busy machine extra threads only wait
+                A, B = within_head(arch, structure, la, lb, layer, hp, kinds, g.layers[layer] if sweep else None)
             mp, s = match_mlp(arch, la, lb, layer, kinds)
             el = LayerElement(hp, A, B, mp, s)
             layers.append(el)
             del lb
-            for k, v in _moved(spec, layer_maps(layer, el), pb, keys, wd).items():  # B's block moved by el alone
+            with single_thread():
+                maps = layer_maps(layer, el)
+            for k, v in _moved(spec, maps, pb, keys, wd).items():  # B's block moved by el alone
                 terms.add(res, k, la[k], v)
             if progress:
                 progress(layer + 1, arch.n_layers, f"sweep {sweep + 1}: layer {layer + 1}/{arch.n_layers}")

@@ -65,7 +65,10 @@ def test_gpt2_small_estimate_is_its_124m_parameters(tmp_path):
     e64 = estimate_run([d, d], "naive", eval_items=65_536, dtype="float64")
     assert e64.parts["path model"] == 2 * est.parts["path model"]
     w = estimate_run([d, d], "weight", eval_items=65_536)
-    assert w.parts["aligned B"] == est.parts["path model"] and w.total_bytes > est.total_bytes
+    assert "aligned B" not in w.parts  # B is moved in place
+    assert 0.5 * est.parts["path model"] < w.parts["weight matching scratch"] < 2 * est.parts["path model"]
+    rw = estimate_run([d, d], "weight", eval_items=65_536, classes=("residual_orth",))  # LayerNorm -> twins
+    assert rw.parts["aligned B"] == est.parts["path model"] and rw.total_bytes > w.total_bytes
     learned, dual = (estimate_run([d, d], m, eval_items=65_536) for m in ("learned", "dual"))
     assert w.total_bytes < learned.total_bytes < dual.total_bytes
 

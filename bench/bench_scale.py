@@ -1,0 +1,223 @@
+"""Scale benchmarks: GPT-2-small- and GQA-Llama-shaped pairs with a known answer, and independent pairs.
+
+    .venv/bin/python bench/bench_scale.py [--dir /tmp/lmc-bench] [--pairs gpt2-planted ...] [--tasks weight ...]
+
+Pairs (built once into --dir, float32 safetensors, HF's own initialisation):
+    gpt2-planted   GPT-2-small (124M); B = g*.A + noise, g* a random element of the default classes
+                   (heads, MLP neurons, residual permutation), noise 1e-3 of each tensor's std
+    gpt2-indep     two GPT-2-small initialisations (seeds 0 and 1)
+    llama-planted  GQA Llama, 4 layers, D 1024, 16 heads in 4 KV groups, m 2816, vocabulary 32,000
+                   (110M); g* of every default class, residual rotation included
+Tasks, each in a fresh process so that its peak memory is its own:
+    weight         align(..., "weight", in_place=True): the aligner alone
+    activation     align(..., "activation", in_place=True)
+    learned, dual  align(..., steps=3)
+    run            engine.api.run_pair: load, align (weight), 3-point path on 2,048 tokens, endpoint check
+    eval           engine.evaluate on 4,096 tokens of the bundled corpus (byte ids)
+Figures: time in units of one 2048 x 2048 float32 matmul measured in the same process (best of 5,
+before and after, averaged), resident memory as a multiple of one model's bytes (sampled every 2 ms
+during the task, minus the resident memory before it; `run` counts from before loading), evaluation
+FLOP rate (2 x parameters x tokens) as a fraction of the matmul rate, and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted")
+TASKS = ("weight", "activation", "learned", "dual", "run", "eval")
+LLAMA = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
+         "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 256, "tie_word_embeddings": False}
+
+
+# ---------------------------------------------------------------------------------------------
+# Building the pairs
+
+
+def build_pairs(root: Path, names: list[str]) -> None:
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    from engine.align.common import default_classes, prepare_pair
+    from engine.models import canonical, load_model, save_model, set_canonical
+    from engine.spec import build_spec
+    from engine.symmetry import apply, sample
+
+    def init(kind: str, seed: int, out: Path) -> None:
+        if (out / "config.json").exists():
+            return
+        torch.manual_seed(seed)
+        m = GPT2LMHeadModel(GPT2Config()) if kind == "gpt2" else LlamaForCausalLM(LlamaConfig(**LLAMA))
+        m.save_pretrained(out, safe_serialization=True)
+
+    def plant(src: Path, out: Path, seed: int) -> None:
+        if (out / "config.json").exists():
+            return
+        a = load_model(src)
+        kinds = default_classes(build_spec(a.arch, canonical(a, copy=False)))
+        pair = prepare_pair(a, a, kinds, in_place=True)  # RMSNorm gains folded into A itself
+        g = sample(pair.arch, kinds, seed=seed)
+        moved = apply(pair.arch, g, pair.params_a)
+        gen = torch.Generator().manual_seed(seed)
+        for v in moved.values():  # small noise: recovery must be robust, not bit-exact
+            v.add_(torch.randn(v.shape, generator=gen, dtype=v.dtype) * 1e-3 * float(v.std().nan_to_num(0.0)))
+        set_canonical(a, moved)
+        save_model(a, out)
+        (out / "planted.json").write_text(json.dumps({"kinds": sorted(kinds), "seed": seed}))
+
+    for name in names:
+        kind = name.split("-")[0]
+        init(kind, 0, root / f"{kind}-s0")
+        if name.endswith("planted"):
+            plant(root / f"{kind}-s0", root / f"{kind}-planted", seed=3)
+        else:
+            init(kind, 1, root / f"{kind}-s1")
+
+
+def pair_dirs(root: Path, name: str) -> tuple[Path, Path]:
+    kind = name.split("-")[0]
+    return root / f"{kind}-s0", root / (f"{kind}-planted" if name.endswith("planted") else f"{kind}-s1")
+
+
+# ---------------------------------------------------------------------------------------------
+# One task in this process
+
+
+def matmul_seconds() -> float:
+    import torch
+
+    x = torch.randn(2048, 2048)
+    x @ x
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x @ x
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(task: str, a_dir: Path, b_dir: Path) -> dict:
+    import threading
+
+    import torch
+
+    from engine.resources import return_freed_memory
+
+    return_freed_memory()
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss() -> int:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * page
+
+    unit0 = matmul_seconds()
+    out: dict = {"task": task, "threads": torch.get_num_threads(), "load_avg": os.getloadavg()[0]}
+    base = rss()
+    if task != "run":
+        from engine.models import load_model
+
+        a, b = load_model(a_dir), load_model(b_dir)
+        base = rss()
+    peak, done = [base], threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            done.wait(0.002)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    t0 = time.perf_counter()
+    if task in ("weight", "activation", "learned", "dual"):
+        from engine.align.run import align
+
+        al = align(a, b, task, steps=3 if task in ("learned", "dual") else 0, in_place=True,
+                   compare_one_sided=False)
+        info = al.out.info
+        out |= {"sweeps": len(info.get("sweeps", [])), "stop": info.get("stop"), "classes": sorted(al.classes)}
+        if (b_dir / "planted.json").exists():
+            out["relative_distance"] = recovery(al)
+    elif task == "run":
+        from engine.api import run_pair
+        from engine.results import RunConfig
+
+        rec = run_pair(RunConfig(str(a_dir), str(b_dir), "weight", points=3, eval_items=2048))
+        out |= {"barrier": rec["barrier"], "endpoints": [rec["endpoint_loss_a"], rec["endpoint_loss_b"]]}
+    elif task == "eval":
+        from engine.evaluate import evaluate, lm_eval_set
+
+        es = lm_eval_set("test", 4096, n_ctx=128)
+        evaluate(a, lm_eval_set("test", 256, n_ctx=128))  # warm-up
+        t0 = time.perf_counter()
+        evaluate(a, es)
+        n = sum(p.numel() for p in a.module.parameters())  # tied embeddings counted once
+        out |= {"tokens": es.size, "tokens_per_s": es.size / (time.perf_counter() - t0), "params": n}
+    seconds = time.perf_counter() - t0
+    done.set()
+    watcher.join()
+    unit = (unit0 + matmul_seconds()) / 2
+    one = (a_dir / "model.safetensors").stat().st_size  # one model's bytes (tied weights stored once)
+    out |= {"seconds": seconds, "matmul_units": seconds / unit, "matmul_ms": unit * 1e3,
+            "peak_over_model": (peak[0] - base) / one, "model_mb": one / 1e6}
+    if task == "eval":
+        out["fraction_of_matmul_rate"] = 2 * out["params"] * out["tokens_per_s"] / (2 * 2048**3 / unit)
+    return out
+
+
+def recovery(al) -> float:
+    """||theta_A - g.theta_B|| / ||theta_A|| after alignment: the planted noise (1e-3) is its floor."""
+    from engine.models import canonical
+
+    pa, pb = canonical(al.model_a, copy=False), canonical(al.model_b, copy=False)
+    num = sum(float((pa[k] - pb[k]).square().sum()) for k in pa)
+    return (num / sum(float(pa[k].square().sum()) for k in pa)) ** 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/tmp/lmc-bench")
+    ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=PAIRS)
+    ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--one", nargs=3, metavar=("TASK", "A", "B"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]))))
+        return
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    build_pairs(root, args.pairs)
+    rows = []
+    for name in args.pairs:
+        a, b = pair_dirs(root, name)
+        for task in args.tasks:
+            p = subprocess.run([sys.executable, __file__, "--one", task, str(a), str(b)], capture_output=True, check=False,
+                               text=True, cwd=ROOT)
+            line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
+            r = json.loads(line[-1][7:]) if line else {"task": task, "error": p.stderr.strip().splitlines()[-1:]}
+            r["pair"] = name
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    print("\n| pair | task | seconds | matmul units | peak / model | notes |\n|---|---|---|---|---|---|")
+    for r in rows:
+        if "error" in r:
+            print(f"| {r['pair']} | {r['task']} | - | - | - | failed: {r['error']} |")
+            continue
+        notes = {k: r[k] for k in ("sweeps", "stop", "relative_distance", "barrier", "tokens_per_s",
+                                   "fraction_of_matmul_rate", "load_avg") if k in r}
+        print(f"| {r['pair']} | {r['task']} | {r['seconds']:.1f} | {r['matmul_units']:.0f} | "
+              f"{r['peak_over_model']:.2f} | {json.dumps(notes)} |")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
