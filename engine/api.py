@@ -132,7 +132,6 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         raise LMCError("Nothing to build: no pair or no method selected.")
     root = cache_dir()
     check_output_dir(root, overwrite=True, name="Result store")  # a writable directory, or creatable
-    write_manifest(root)  # reconcile with the records present (a build killed earlier)
     out, todo = [], []
     for a, b in todo_pairs:
         for m in methods:
@@ -142,6 +141,10 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
                 out.append(old)
             else:
                 todo.append(cfg)
+    for cfg in todo:  # every model the work needs is built, before any of it starts
+        resolve(cfg.model_a)
+        resolve(cfg.model_b)
+    write_manifest(root)  # reconcile with the records present (a build killed earlier)
     if log:
         log(f"cache: {len(out)} record(s) up to date, {len(todo)} to compute")
     for cfg in tqdm(todo, desc="cache", disable=not todo):

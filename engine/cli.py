@@ -78,6 +78,8 @@ def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = Non
     for d in inputs:
         if target.parent == Path(os.path.realpath(d)) and target.exists():
             raise LMCError(f"--out {out} would replace {target.name} in the input model directory {d}.")
+    if merged_dir is not None and target == Path(os.path.realpath(merged_dir)):
+        raise LMCError(f"--out {out} is the --save-merged directory; give the record its own file name.")
     if merged_dir is not None and target.parent == Path(os.path.realpath(merged_dir)) and (
             target.name in (*OWN_FILES, MARKER) or target.suffix == ".safetensors"):
         raise LMCError(f"--out {out} would replace {target.name} of the model saved with --save-merged.")

@@ -311,7 +311,7 @@ def check_output_file(file: str | Path, name: str = "Output file") -> Path:
     label = f"{name} {file}"
     if str(file) == "" or file.name in ("", ".", ".."):
         raise OutputError(f"{label} names a directory, not a file.")
-    target = Path(os.path.realpath(file)) if file.is_symlink() else file.absolute()
+    target = Path(os.path.realpath(file))  # a symlink (final or in a parent) is written through
     if os.path.lexists(target):
         try:
             st = target.stat()

@@ -63,6 +63,7 @@ def snapshot(*roots: Path) -> dict:
     """Every path under `roots`: (kind, bytes or link target, mode, mtime) - files and links exactly."""
     out = {}
     for r in roots:
+        out[str(r)] = ("root", os.path.lexists(r))
         if not os.path.lexists(r):
             continue
         for dirpath, dirnames, filenames in os.walk(r):
@@ -180,6 +181,11 @@ def _weights_to_device(c: Ctx) -> str:
     return str(d)
 
 
+def _linked_parent(c: Ctx) -> str:
+    (c.work / "via").symlink_to(c.base.a)
+    return str(c.work / "via")
+
+
 def _link_loop(c: Ctx) -> str:
     (c.work / "loop.json").symlink_to(c.work / "loop.json")
     return str(c.work / "loop.json")
@@ -265,6 +271,8 @@ CASES: dict[str, Case] = {
     "cache-build-unknown-name": (lambda c: ["cache", "build", "--only", "nothing"], "--only nothing"),
     "cache-build-unknown-method": (lambda c: ["cache", "build", "--methods", "foo"], "invalid choice: 'foo'"),
     "cache-build-only-empty": (lambda c: ["cache", "build", "--only"], "--only"),
+    "cache-build-unbuilt-model": (lambda c: ["cache", "build", "--only", "lm-rope-s0", "--methods", "naive"],
+                                  "not built yet"),
     "cache-table-force": (lambda c: ["cache", "table", "--force"], "cache build"),
     "no-command": (lambda c: [], "required: command"),
     "unknown-command": (lambda c: ["merge", c.a, c.b], "invalid choice: 'merge'"),
@@ -332,6 +340,9 @@ CASES: dict[str, Case] = {
     "config-empty": (lambda c: [I, c.a, _write(c, "")], "not valid JSON"),
     "config-is-directory": (lambda c: [I, c.a, _config_dir(c)], "is a directory"),
     "gpt2-weights-link-to-device": (lambda c: [I, str(c.base.gpt2), _weights_to_device(c)], "not a regular file"),
+    "out-is-the-merged-dir": (lambda c: [A, c.a, c.b, "--save-merged", "mg", "--out", "mg"], "--save-merged"),
+    "out-into-input-via-linked-dir": (lambda c: [I, c.a, c.b, "--out", _linked_parent(c) + "/model.safetensors"],
+                                      "input model"),
     "out-symlink-loop": (lambda c: [I, c.a, c.b, "--out", _link_loop(c)], "cannot be checked"),
     "save-merged-own-name-is-dir": (lambda c: [A, c.a, c.b, "--save-merged", _marked_dir_with_config_dir(c)],
                                     "not a regular file"),
@@ -364,10 +375,11 @@ def _check_refusal(rc: int, err: str, phrase: str) -> None:
 def test_cli_refuses_bad_input_in_one_line_and_touches_nothing(name, ctx, capsys):
     build, phrase = CASES[name]
     argv = build(ctx)
-    before = snapshot(ctx.work, ctx.base.root)
+    roots = ctx.work, ctx.base.root, ctx.work.parent / "store", ctx.work.parent / "zoo"
+    before = snapshot(*roots)
     rc = main(argv)
     _check_refusal(rc, capsys.readouterr().err, phrase)
-    assert snapshot(ctx.work, ctx.base.root) == before
+    assert snapshot(*roots) == before
     assert not (ctx.work / "EXECUTED").exists()  # nothing from a model directory ran
 
 
