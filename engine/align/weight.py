@@ -24,6 +24,8 @@ transform as Omega^T X Omega; a few linearised two-sided Procrustes steps fit th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -60,16 +62,42 @@ def _rows(p: Params, key: str, bias: str | None) -> Tensor:
     return torch.cat([W, p[bias][:, None]], 1) if bias and bias in p else W  # [n, D+1, d]
 
 
-def circuits(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor]:
-    """Per query head: Mbar [h, D+, D] (W_Q W_K^T, row-centred) and N [h, D+, D] (W_V W_O)."""
+def head_factors(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The factors of every query head's circuits, heads side by side: Q [D+, h*d] and Kbar [D, h*d]
+    with Mbar_i = Q_i Kbar_i^T (W_Q W_K^T, row-centred: K centred over the residual axis, since a constant
+    score per query is invisible to softmax), V [D+, h*d] and O [h*d, D] with N_i = V_i O_i (W_V W_O)."""
     b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
-    Q = _rows(p, f"{b}.W_Q", f"{b}.b_Q")  # [h, D+, d]
+    Q = _rows(p, f"{b}.W_Q", f"{b}.b_Q").transpose(0, 1).flatten(1)  # [D+, h*d]
     K = p[f"{b}.W_K"].repeat_interleave(rep, 0)  # [h, D, d]
-    V = _rows(p, f"{b}.W_V", f"{b}.b_V").repeat_interleave(rep, 0)  # [h, D+, d]
-    M = Q @ K.mT  # [h, D+, D]
-    M = M - M.mean(-1, keepdim=True)  # row-centred: a constant score per query is invisible to softmax
-    N = V @ p[f"{b}.W_O"]  # [h, D+, D]
-    return M, N
+    K = (K - K.mean(1, keepdim=True)).transpose(0, 1).flatten(1)  # [D, h*d]
+    V = _rows(p, f"{b}.W_V", f"{b}.b_V").repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D+, h*d]
+    return Q, K, V, p[f"{b}.W_O"].flatten(0, 1)  # ..., [h*d, D]
+
+
+def _blocks(G: Tensor, h: int) -> Tensor:
+    """[h*d, h*d] -> [h, h, d, d]: block (i, j) of a Gram matrix."""
+    d = G.shape[0] // h
+    return G.reshape(h, d, h, d).transpose(1, 2)  # [h, h, d, d]
+
+
+def circuit_inner(Xa: Tensor, Ya: Tensor, Xb: Tensor, Yb: Tensor, h: int) -> Tensor:
+    """<X_i^A Y_i^A^T, X_j^B Y_j^B^T> for all head pairs [h, h], without forming a D x D circuit:
+    tr(Y_i^A X_i^A^T X_j^B Y_j^B^T) = sum of the elementwise product of the d x d blocks (i, j) of the
+    Gram matrices X_A^T X_B and Y_A^T Y_B. Memory (h d)^2 instead of h D^2; the same flops."""
+    return (_blocks(Xa.mT @ Xb, h) * _blocks(Ya.mT @ Yb, h)).sum((-2, -1))  # [h, h]
+
+
+def match_heads(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
+    """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits,
+    C_ij = ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2, from Gram matrices (circuit_inner)."""
+    h = arch.n_heads
+    Qa, Ka, Va, Oa = head_factors(arch, pa, layer)
+    Qb, Kb, Vb, Ob = head_factors(arch, pb, layer)
+    cross = circuit_inner(Qa, Ka, Qb, Kb, h) + circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)  # [h_A, h_B]
+    na = (circuit_inner(Qa, Ka, Qa, Ka, h) + circuit_inner(Va, Oa.mT, Va, Oa.mT, h)).diagonal()  # [h]
+    nb = (circuit_inner(Qb, Kb, Qb, Kb, h) + circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h)).diagonal()  # [h]
+    cost = na[:, None] + nb[None] - 2 * cross  # [h_A, h_B]
+    return gqa_assignment(-cost, arch.n_heads // arch.n_kv_heads)
 
 
 def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:
@@ -82,20 +110,6 @@ def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) ->
     K = w["attn.W_K"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
     V = w["attn.W_V"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
     return Q @ K.T, V @ O, w["mlp.W_in"] @ w["mlp.W_out"]  # sums over heads as one product each
-
-
-def _sqdist(X: Tensor, Y: Tensor) -> Tensor:
-    """||X_i - Y_j||^2 for stacks X [n, ...], Y [n, ...] -> [n, n]."""
-    X, Y = X.flatten(1), Y.flatten(1)  # [n, k]
-    return X.square().sum(1)[:, None] + Y.square().sum(1)[None] - 2 * X @ Y.T
-
-
-def match_heads(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
-    """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits."""
-    Ma, Na = circuits(arch, pa, layer)
-    Mb, Nb = circuits(arch, pb, layer)
-    cost = _sqdist(Ma, Mb) + _sqdist(Na, Nb)  # [h_A, h_B]
-    return gqa_assignment(-cost, arch.n_heads // arch.n_kv_heads)
 
 
 def _group_rows(X: Tensor, rep: int) -> Tensor:
@@ -274,15 +288,23 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     lin = Terms(arch.d_model)
     for k in _only_residual(spec) & res.keys():
         lin.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
-    D = arch.d_model
-    Xa = torch.stack([X for layer in range(arch.n_layers) for X in summed_circuits(arch, pa, layer, wd)])  # [3L, D, D]
-    Xb = torch.stack([X for layer in range(arch.n_layers) for X in summed_circuits(arch, pb, layer, wd)])  # [3L, D, D]
+    D, L = arch.d_model, arch.n_layers
+    # Keep the 3L circuits of both models while they take at most half a model's bytes (GPT-2-small:
+    # 170 MB); beyond (Llama-7B: 13 GB in float32) recompute them layer by layer at every step.
+    model_bytes = sum(v.numel() * v.element_size() for v in pa.values())
+    kept = 6 * L * D * D * torch.finfo(wd).bits // 8 <= model_bytes // 2
+
+    def circuit_pairs() -> Iterator[tuple[Tensor, Tensor]]:
+        for layer in range(L):
+            yield from zip(summed_circuits(arch, pa, layer, wd), summed_circuits(arch, pb, layer, wd))
+
+    stacked = list(circuit_pairs()) if kept else None
     O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)
     best, best_q, seen, steps = O, -float("inf"), [], 0
     for steps in range(1, INIT_STEPS + 1):
         Ow = O.to(wd)
         S1, S2 = torch.zeros(D, D, dtype=wd), torch.zeros(D, D, dtype=wd)
-        for xa, xb in zip(Xa, Xb):  # one term at a time: temporaries of D x D, not 3L x D x D
+        for xa, xb in stacked or circuit_pairs():  # one term at a time: temporaries of D x D
             S1 += xb @ Ow @ xa.mT
             S2 += xb.mT @ Ow @ xa
         S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
@@ -297,7 +319,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             break
         seen.append(O)
         O = O_new
-    return best, {"steps": steps, "objective": best_q}
+    return best, {"steps": steps, "objective": best_q, "circuits_kept": kept}
 
 
 # ---------------------------------------------------------------------------------------------

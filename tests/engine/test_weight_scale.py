@@ -129,3 +129,31 @@ def test_weight_matching_memory_beyond_the_two_models_is_bounded(tmp_path):
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["model_bytes"] > 100e6 and m["work_dtype"] == "float32"
     assert (m["peak"] - m["base"]) / m["model_bytes"] < 1.0, m
+
+
+def test_head_costs_from_gram_matrices_equal_the_explicit_circuit_distances():
+    from engine.align.weight import circuit_inner, head_factors
+
+    a, b = make_case("lm-rope-half-gqa-swiglu"), make_case("lm-rope-half-gqa-swiglu")
+    with torch.no_grad():
+        for p in b.module.parameters():
+            p.add_(torch.randn_like(p))
+    pa, pb, arch = canonical(a), canonical(b), a.arch
+    h, rep = arch.n_heads, arch.n_heads // arch.n_kv_heads
+
+    def explicit(p):  # [h, D+1, D] circuits, formed in full
+        Q = torch.cat([p["blocks.1.attn.W_Q"], p["blocks.1.attn.b_Q"][:, None]], 1) if "blocks.1.attn.b_Q" in p \
+            else p["blocks.1.attn.W_Q"]
+        M = Q @ p["blocks.1.attn.W_K"].repeat_interleave(rep, 0).mT
+        return M - M.mean(-1, keepdim=True), p["blocks.1.attn.W_V"].repeat_interleave(rep, 0) @ p["blocks.1.attn.W_O"]
+
+    (Ma, Na), (Mb, Nb) = explicit(pa), explicit(pb)
+    want = ((Ma[:, None] - Mb[None]).square().sum((-2, -1)) + (Na[:, None] - Nb[None]).square().sum((-2, -1)))
+    Qa, Ka, Va, Oa = head_factors(arch, pa, 1)
+    Qb, Kb, Vb, Ob = head_factors(arch, pb, 1)
+    cross = circuit_inner(Qa, Ka, Qb, Kb, h) + circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)
+    na = (circuit_inner(Qa, Ka, Qa, Ka, h) + circuit_inner(Va, Oa.mT, Va, Oa.mT, h)).diagonal()
+    nb = (circuit_inner(Qb, Kb, Qb, Kb, h) + circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h)).diagonal()
+    got = na[:, None] + nb[None] - 2 * cross
+    assert want.shape == (h, h) and float(want.min()) > 1.0
+    assert torch.allclose(got, want, rtol=1e-12, atol=0)
