@@ -230,7 +230,7 @@ def load_record(file: Path) -> dict:
     file = Path(file)
     if not file.exists() and not file.is_symlink():
         raise LMCError(f"Result file {file} does not exist.")
-    rec = read_json_object(file, f"Result file {file}", max_bytes=None)
+    rec = read_json_object(file, f"Result file {file}", max_bytes=None, allow_nan=True)
     problem = record_problem(rec, f"Result file {file}")
     if problem:
         raise LMCError(problem)
@@ -322,7 +322,7 @@ def list_cached(root: Path | None = None) -> list[dict]:
     if not m.is_file():
         return []
     try:
-        rows = read_json_object(m, max_bytes=None)["records"]
+        rows = read_json_object(m, max_bytes=None, allow_nan=True)["records"]
         keys = ("file", "model_a", "model_b", "method")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows):
             raise LMCError("its records are not a list of rows")

@@ -56,11 +56,14 @@ def _short(v, n: int = 60) -> str:
 # Reading configs
 
 
-def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = MAX_JSON_BYTES) -> dict:
+def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = MAX_JSON_BYTES,
+                     allow_nan: bool = False) -> dict:
     """A JSON file holding an object, with one clear sentence for every way it can be unusable.
 
-    A symlink is followed; its target must be a regular file of at most MAX_JSON_BYTES (a link to
-    /dev/zero or to a directory would otherwise hang or crash the reader).
+    A symlink is followed; its target must be a regular file of at most `max_bytes` (a link to
+    /dev/zero or to a directory would otherwise hang or crash the reader). NaN and Infinity, which
+    JSON does not have, are refused unless `allow_nan` (files the engine wrote itself: Python's json
+    writes them for non-finite floats).
     """
     f = Path(f)
     name = what or str(f)
@@ -79,7 +82,7 @@ def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = M
         raise ModelError(f"{name} is {st.st_size:,} bytes, too large for a JSON config (at most {max_bytes:,}).")
     try:
         text = f.read_bytes().decode("utf-8")
-        obj = json.loads(text, parse_constant=_no_constant)
+        obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
     except OSError as e:
         raise ModelError(f"{name} cannot be read ({e.strerror}).") from None
     except UnicodeDecodeError as e:
