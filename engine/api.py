@@ -12,7 +12,7 @@ import torch
 
 from engine.data import default_splits, digits_sha256
 from engine.errors import LMCError
-from engine.evaluate import eval_set_for
+from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import LinearPath, Progress, check_same_architecture, interpolate
 from engine.models import Model, load_model, save_model
 from engine.models.io import check_output_dir
@@ -83,11 +83,14 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
     cfg = final_config(replace(cfg, device=device), a.arch.task)
-    al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed)
+    t1 = time.perf_counter()
+    loss_b = evaluate(b, es)["loss"] if cfg.method != "naive" else None  # B itself is moved in place below
+    t_check = time.perf_counter() - t1
+    al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress)
     t1 = time.perf_counter()
-    check = endpoint_check(b, al, es, path["endpoint_loss_b"])
-    timings = {"load": t_load, "align": al.seconds, "endpoint_check": time.perf_counter() - t1}
+    check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
+    timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
     extra = {}
     if save_merged is not None:
         merged = LinearPath(al.model_a, al.model_b).at(alpha)

@@ -5,6 +5,7 @@ paths give the same answers as the copying ones, and whether the memory stays bo
 """
 
 import copy
+import itertools
 import json
 import subprocess
 import sys
@@ -81,10 +82,10 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
     from engine.spec import build_spec
 
     kinds = default_classes(build_spec(a.arch, canonical(a)))
-    g, info = weight_match(prepare_pair(a, b, kinds), kinds)
+    _g, info = weight_match(prepare_pair(a, b, kinds), kinds)
     f = [s["objective"] for s in info["sweeps"]]
     assert info["converged"] and len(f) < 30
-    assert all(u >= v * (1 - 1e-9) for u, v in zip(f, f[1:]))  # coordinate descent never goes uphill
+    assert all(u >= v * (1 - 1e-9) for u, v in itertools.pairwise(f))  # coordinate descent never goes uphill
     assert info["work_dtype"] == "float64"  # small models: every product in float64
 
 
