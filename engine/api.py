@@ -54,14 +54,15 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 
 def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str | Path | None = None,
-             alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False) -> dict:
+             alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     Every method goes through the aligner registry (engine/align); the record then carries the
     alignment diagnostics and the endpoint exactness check. `save_merged` writes the model at
     (1 - alpha) theta_A + alpha g.theta_B in its family's own format into that directory (checked
     before anything is loaded: engine.models.io.check_output_dir; `overwrite` allows a non-empty
-    directory the tool did not write; alpha outside [0, 1] needs `extrapolate`).
+    directory the tool did not write; alpha outside [0, 1] needs `extrapolate`). `offload` keeps both
+    endpoints (and the alignment) on the CPU and only the path model on the device (docs/SCALE.md).
     """
     from engine.align import METHODS
     from engine.align.run import align, alignment_record, endpoint_check
@@ -74,24 +75,29 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
     from engine.resources import check_run  # memory from the configs alone: refuse before loading
-    check_run(cfg)
+    check_run(cfg, offload=offload)
     t0 = time.perf_counter()
-    a = load_named(cfg.model_a, cfg.dtype, device)
-    b = load_named(cfg.model_b, cfg.dtype, device)
+    home = "cpu" if offload else device  # where the endpoints live
+    a = load_named(cfg.model_a, cfg.dtype, home)
+    b = load_named(cfg.model_b, cfg.dtype, home)
     check_same_architecture(a, b)
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
     cfg = final_config(replace(cfg, device=device), a.arch.task)
     t1 = time.perf_counter()
-    loss_b = evaluate(b, es)["loss"] if cfg.method != "naive" else None  # B itself is moved in place below
+    if cfg.method == "naive":
+        loss_b = None
+    else:  # B itself is moved in place below; with offload it is evaluated in a work model on the device
+        loss_b = evaluate(LinearPath(b, b, offload=True, device=device).at(1.0) if offload else b, es)["loss"]
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True)
-    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress)
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress, offload=offload,
+                       device=device if offload else None)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
-    extra = {}
+    extra = {"offload": True} if offload else {}
     if save_merged is not None:
         merged = LinearPath(al.model_a, al.model_b).at(alpha)
         save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))

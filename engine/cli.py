@@ -173,8 +173,8 @@ def cmd_interpolate(args) -> None:
 
     _, device = _check_pair_args(args)
     cfg = _run_config(args, "naive", device)
-    print(describe(check_run(cfg)))  # engine.resources: the run's memory, before anything loads
-    rec = run_pair(cfg, progress=_progress_bar("interpolate"))
+    print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
+    rec = run_pair(cfg, progress=_progress_bar("interpolate"), offload=args.offload)
     _print_path_table(rec)
     if args.out:
         write_record(rec, Path(args.out))
@@ -193,10 +193,10 @@ def cmd_align(args) -> None:
     _, device = _check_pair_args(args)
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
-    print(describe(check_run(cfg)))  # engine.resources: the run's memory, before anything loads
+    print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
     rec = run_pair(cfg, progress=_progress_bar(args.method),
                    save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
-                   extrapolate=args.extrapolate)
+                   extrapolate=args.extrapolate, offload=args.offload)
     _print_path_table(rec)
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
@@ -329,6 +329,9 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
                         "(default 65,536: a third of the LM test split, every test image)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
+    p.add_argument("--offload", action="store_true",
+                   help="keep both endpoints on the CPU and only the path model on --device (a pair that "
+                        "does not fit the GPU three times)")
     p.add_argument("--out", type=_path, default=None,
                    help="write the result record (JSON) here; checked before the run starts")
 

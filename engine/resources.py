@@ -291,13 +291,29 @@ def _run_device(device: str) -> str:
     return device
 
 
-def check_run(cfg, available: int | Callable[[str | torch.device], int | None] | None = None) -> Estimate:
-    """Estimate a RunConfig's memory from its models' configs and refuse it if it cannot fit."""
+def split_offloaded(est: Estimate) -> tuple[Estimate, Estimate]:
+    """(device part, host part) of a run whose endpoints stay on the CPU (engine.interpolate offload):
+    the device holds the path model and the evaluation batch, the host everything else."""
+    on_device = {k: v for k, v in est.parts.items() if k in ("path model", "evaluation")}
+    on_host = {k: v for k, v in est.parts.items() if k not in on_device}
+    return (Estimate(sum(on_device.values()), on_device, est.device, est.dtype, est.params),
+            Estimate(sum(on_host.values()), on_host, "cpu", est.dtype, est.params))
+
+
+def check_run(cfg, available: int | Callable[[str | torch.device], int | None] | None = None,
+              offload: bool = False) -> Estimate:
+    """Estimate a RunConfig's memory from its models' configs and refuse it if it cannot fit.
+
+    With `offload` on a GPU the device must hold the path model and the host the rest."""
     from engine.zoo import resolve
 
     est = estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
                        cfg.dtype, _run_device(cfg.device), tuple(cfg.classes or ()))
-    check_fits(est, available=available)
+    if offload and est.device != "cpu":
+        for part in split_offloaded(est):
+            check_fits(part, available=available)
+    else:
+        check_fits(est, available=available)
     return est
 
 

@@ -158,3 +158,25 @@ def test_head_costs_from_gram_matrices_equal_the_explicit_circuit_distances():
     got = na[:, None] + nb[None] - 2 * cross
     assert want.shape == (h, h) and float(want.min()) > 1.0
     assert torch.allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_offloaded_run_equals_the_plain_one(tmp_path):
+    """--offload keeps the endpoints on the CPU and lerps into a work model on --device; on the CPU
+    the same code path runs and must give the same record."""
+    from engine.cli import main
+    from engine.models import save_model
+    from engine.models.reference import build
+    from tests.engine.ref_models import tiny
+
+    for i in (0, 1):
+        save_model(build(tiny(vocab_size=256, n_ctx=64, pe="rope"), seed=i), tmp_path / f"m{i}")
+    recs = []
+    for flag in ([], ["--offload"]):
+        out = tmp_path / f"r{len(flag)}.json"
+        assert main(["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "weight", "--points", "3",
+                     "--eval-items", "1024", "--device", "cpu", "--out", str(out), *flag]) == 0
+        recs.append(json.loads(out.read_text()))
+    plain, off = recs
+    assert off["offload"] is True and "offload" not in plain
+    assert off["loss"] == pytest.approx(plain["loss"], rel=1e-12)
+    assert off["endpoint_check"]["rel_diff"] < 1e-5
