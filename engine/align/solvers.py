@@ -28,6 +28,8 @@ from torch import Tensor
 from engine.models.reference import rope_pairs
 
 F64 = torch.float64
+LBFGS = {"gtol": 1e-12, "ftol": 1e-15}  # L-BFGS stopping rule of fit_gl (scipy options)
+GL_ITERS = 100  # L-BFGS steps per GL(d) fit; weight matching warm-starts each sweep from the last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,19 +126,40 @@ def gl_objective(A: Tensor, P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor) 
 
 
 def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | None = None,
-           max_iter: int = 500) -> Tensor:
+           max_iter: int = GL_ITERS) -> Tensor:
     """A [n, d, d] in GL(d) minimising `gl_objective` for each of n independent stacks.
 
     P rows move by A (W_Q, or W_V), Q rows by A^{-T} (W_K, or W_O^T). Start: the best of the
-    orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the two
+    orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the same in
+    balanced coordinates (exact when A = S X with X orthogonal; usually the best start), the two
     one-sided least-squares fits (exact for a planted GL map) and `start` (a warm start); then
-    L-BFGS on the true objective. Everything after the four d x d Gram matrices per stack is d x d
-    work, run on one thread (small problems: more threads only wait on each other).
+    L-BFGS on the true objective in balanced coordinates (`balance`). Everything after the four
+    d x d Gram matrices per stack is d x d work, run on one thread (small problems: more threads only
+    wait on each other).
     """
     P_A, P_B, Q_A, Q_B = (x.to(F64) for x in (P_A, P_B, Q_A, Q_B))
     g = {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B, "qa": Q_B.mT @ Q_A}  # [n, d, d] each
     with single_thread():
         return _fit_gl(P_A, P_B, Q_A, Q_B, g, start, max_iter)
+
+
+def _sym_pow(G: Tensor, p: float) -> Tensor:
+    """G^p for symmetric positive semi-definite G [n, d, d], eigenvalues floored at 1e-12 of the largest."""
+    w, V = torch.linalg.eigh(G)
+    w = w.clamp_min(1e-12 * w[..., -1:].clamp_min(1e-300))
+    return (V * w.pow(p)[..., None, :]) @ V.mT
+
+
+def balance(G_P: Tensor, G_Q: Tensor) -> Tensor:
+    """S [n, d, d] with S^T G_P S = S^{-1} G_Q S^{-T} = (G_P^{1/2} G_Q G_P^{1/2})^{1/2}.
+
+    A = S X turns ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2 into the same problem in X with the two
+    design Gram matrices equal, so the condition number the optimiser sees is the square root of
+    that of G_P^{1/2} G_Q G_P^{1/2}: on the zoo and on GPT-2-small L-BFGS reaches in 50-100 steps
+    what took 500 in the original coordinates (bench/RESULTS.md).
+    """
+    R, R_inv = _sym_pow(G_P, 0.5), _sym_pow(G_P, -0.5)
+    return R_inv @ _sym_pow(R @ G_Q @ R, 0.25)
 
 
 def _solve(G: Tensor, R: Tensor) -> Tensor:
@@ -157,7 +180,10 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
     if Q_A.shape[-2] == 0:
         return _solve(g["pp"], g["pa"])  # [n, d, d]: plain least squares
     n, d = P_A.shape[0], P_A.shape[-1]
+    S = balance(g["pp"], g["qq"])  # [n, d, d]
+    S_inv = torch.linalg.inv(S)
     cands = [procrustes(g["pa"] + g["qa"]),  # [n, d, d]
+             S @ procrustes(S.mT @ g["pa"] + S_inv @ g["qa"]),  # [n, d, d]: the same in balanced coordinates
              _solve(g["pp"], g["pa"]),  # [n, d, d]
              _inv_or_nan(_solve(g["qq"], g["qa"])).mT]  # [n, d, d], fitted as A^{-T}
     if start is not None:
@@ -181,7 +207,9 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
     f0 = per_stack(A0)
     if float(f0.max()) <= 1e-24:
         return A0
-    # L-BFGS on Gram matrices: every evaluation is a few d x d products (scipy, analytic gradient)
+    # L-BFGS on Gram matrices: every evaluation is a few d x d products (scipy, analytic gradient),
+    # in the balanced coordinates A = S X, where P_B S and Q_B S^{-T} have the same Gram matrix
+    g = {"pp": S.mT @ g["pp"] @ S, "pa": S.mT @ g["pa"], "qq": S_inv @ g["qq"] @ S_inv.mT, "qa": S_inv @ g["qa"]}
     g = {k: v.numpy() for k, v in g.items()}  # [n, d, d] each
     c0 = float(P_A.square().sum() + Q_A.square().sum())
 
@@ -197,9 +225,9 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
         G = 2 * (g["pp"] @ A - g["pa"]) - B @ G_B.transpose(0, 2, 1) @ B  # d/dA of the B term: -B G_B^T B
         return float(f), G.reshape(-1)  # [n*d*d]
 
-    res = minimize(fg, A0.numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
-                   options={"maxiter": max_iter, "gtol": 1e-12, "ftol": 1e-15})
-    A = torch.from_numpy(res.x.reshape(n, d, d).copy())  # [n, d, d]
+    res = minimize(fg, (S_inv @ A0).numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
+                   options={"maxiter": max_iter, **LBFGS})
+    A = S @ torch.from_numpy(res.x.reshape(n, d, d).copy())  # [n, d, d]
     ok = torch.isfinite(A).all((-2, -1))
     A = torch.where(ok[:, None, None], A, A0)
     ok = (torch.linalg.cond(A) < 1e10) & (per_stack(A) < f0)  # [n]: each stack keeps the better of the two

@@ -108,7 +108,7 @@ def test_fused_qkv_rows_run_per_head():
     with torch.no_grad():
         at.query_key_value.weight.copy_(torch.arange(3 * D, dtype=F64)[:, None].expand(3 * D, D))  # row index
         at.query_key_value.bias.copy_(torch.arange(3 * D, dtype=F64))
-    p = hf_neox.to_canonical(m)
+    p = canonical(m)  # a copy: the adapter's own views would be zeroed below with the module
     row = (torch.arange(h)[:, None] * 3 * d + torch.arange(d)).to(F64)  # [h, d]: row of (head i, dim j) in q
     for r, role in enumerate("QKV"):
         want = row + r * d  # k and v rows follow q's d rows within each head
