@@ -104,7 +104,9 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
     pending = {}
     for key, ps in spec.params.items():
         v = views[key]
-        wide = v if v.numel() > BIG_PARAM else v.to(torch.promote_types(v.dtype, torch.float64))
+        exact = all(maps.get(a.group) is None or "index" in maps[a.group] or a.role in ("perm", "perm_kv")
+                    for acts in ps.axes for a in acts)  # only indexing: exact in any dtype
+        wide = v if exact or v.numel() > BIG_PARAM else v.to(torch.promote_types(v.dtype, torch.float64))
         new = act(ps, maps, wide).to(v.dtype)
         if v.untyped_storage().data_ptr() in storage:
             v.copy_(new)

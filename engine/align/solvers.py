@@ -28,7 +28,7 @@ from torch import Tensor
 from engine.models.reference import rope_pairs
 
 F64 = torch.float64
-LBFGS = {"gtol": 1e-12, "ftol": 1e-15}  # L-BFGS stopping rule of fit_gl (scipy options)
+LBFGS = {"gtol": 1e-12, "ftol": 1e-12}  # L-BFGS stopping rule of fit_gl (scipy options)
 GL_ITERS = 100  # L-BFGS steps per GL(d) fit; weight matching warm-starts each sweep from the last
 
 

@@ -50,6 +50,7 @@ MAX_SWEEPS = 30
 REL_TOL = 1e-6  # relative objective decrease below which a sweep counts as no change
 INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
 INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
+SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,7 +389,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
             stop = "fixed point (the residual map did not change)"
         elif not res_kinds:
             stop = "no residual map: one sweep solves every layer"
-        elif prev is not None and torch.equal(key, prev[0]) and dO < 1e-10:
+        elif prev is not None and torch.equal(key, prev[0]) and dO < SETTLED[wd]:
             stop = "permutations unchanged and the residual map settled"
         elif prev is not None and torch.equal(key, prev[0]) and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f:
             stop = f"permutations unchanged and objective decrease below {REL_TOL:g} relative"
