@@ -146,7 +146,7 @@ def _common_layout(title: str) -> dict:
 # Alignment and symmetry figures (app_pages/alignment.py, app_pages/symmetry.py)
 #
 # Inputs are the JSON fields of a record's `alignment` (engine/align/common.py: describe_element)
-# and of `engine.diagnostics.symmetry_report`. Every matrix has model A's index on the rows and model
+# and of `engine.report.symmetry_report`. Every matrix has model A's index on the rows and model
 # B's on the columns: the engine's permutations read "A's slot i takes B's slot perm[i]"
 # (engine/symmetry.py, LayerElement), so row i has its one in column perm[i].
 
@@ -654,7 +654,7 @@ def pe_comparison_figure(dims_by_pe: dict[str, dict]) -> go.Figure:
 
 def rope_breaking_figure(rows: Sequence[dict]) -> go.Figure:
     """RoPE breaking strength per frequency pair against omega_j * T (log x): pairs with omega T << 1
-    barely rotate over the context, so GL(2) on them is almost a symmetry (engine.diagnostics.rope_breaking)."""
+    barely rotate over the context, so GL(2) on them is almost a symmetry (engine.checks.rope_breaking)."""
     x = [r["omega_ctx"] for r in rows]
     fig = go.Figure()
     lo, hi = min(x, default=1e-3), max(x, default=1e3)

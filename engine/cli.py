@@ -255,7 +255,7 @@ def cache_table() -> str:
 
 
 def cmd_symmetry(args) -> None:
-    from engine.diagnostics import format_report, symmetry_report
+    from engine.report import format_report, symmetry_report
 
     target = args.model
     if not args.dims_only:

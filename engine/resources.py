@@ -104,7 +104,7 @@ def _hf_module(config: dict, source: str):
 
 def model_shape(path: str | Path) -> Shape:
     """The shape of the model in directory `path`, from config.json alone (no weight file is read)."""
-    from engine.models import family_of
+    from engine.models import arch_from_config, family_of
     from engine.models.io import read_config
 
     path = Path(path)
@@ -120,11 +120,9 @@ def model_shape(path: str | Path) -> Shape:
         elif fam.name == "timm_vit":
             from engine.models import timm_vit
 
-            module = timm_vit._create(config, source)
+            module = timm_vit.module_from_config(config, source)
             arch = timm_vit.arch(module, source)
         else:  # the HF families: the adapter's own checks, then the module transformers builds
-            from engine.diagnostics import arch_from_config
-
             arch = arch_from_config(config, source)
             module = _hf_module(config, source)
     params = sum(p.numel() for p in module.parameters())

@@ -4,7 +4,7 @@ encoding shapes that group.
 Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2). With weights the engine
 checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
 the break tests (maps from larger groups that must change them); a config alone gives the group
-dimensions, instantly. All numbers come from `engine.diagnostics.symmetry_report` (MATH.md, with the
+dimensions, instantly. All numbers come from `engine.report.symmetry_report` (MATH.md, with the
 corrections in docs/MATH_NOTES.md).
 """
 
@@ -17,9 +17,11 @@ import streamlit as st
 
 from app import figures, sidebar
 from engine import zoo
-from engine.diagnostics import EXACT_TOL, group_dimension, sinusoidal_spectrum, symmetry_report
+from engine.checks import EXACT_TOL
 from engine.errors import LMCError
+from engine.groups import group_dimension, sinusoidal_spectrum
 from engine.models.base import Arch
+from engine.report import symmetry_report
 
 # Published shapes as HF config dicts: symmetry_report(..., dims_only=True) needs no weights.
 PRESETS = {

@@ -28,14 +28,8 @@ from engine.interpolate import Progress
 from engine.models import Model, canonical, model_logits, set_canonical
 from engine.models.base import Arch, Params
 from engine.spec import KINDS, Spec, build_spec
-from engine.symmetry import (
-    GroupElement,
-    fold_norms,
-    fold_norms_,
-    identity,
-    layernorm_to_rmsnorm,
-    reference_config_from_arch,
-)
+from engine.surgery import fold_norms, fold_norms_, layernorm_to_rmsnorm, reference_config_from_arch
+from engine.symmetry import GroupElement, identity
 
 F64 = torch.float64
 CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
@@ -163,7 +157,7 @@ def twin(model: Model) -> Model:
     """A reference-family model computing the same function from the same canonical params.
 
     For the reference family canonical keys ARE the module's parameter names, so the model is its
-    own twin. Other families are expressed in the reference family (symmetry.reference_config_from_arch);
+    own twin. Other families are expressed in the reference family (surgery.reference_config_from_arch);
     families it cannot express (mixed bias flags) are refused. Data-driven aligners (activation,
     learned, dual) run their forward passes, hooks and torch.func.functional_call on the twin.
     """

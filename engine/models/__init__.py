@@ -1,4 +1,4 @@
-"""Model families: one adapter file each, one registry.
+"""Model families: one adapter file each, one registry; the Arch of a config dict without weights.
 
 Adding a family means one adapter file exposing an `ENTRY: Family` and one line below; the tests
 parametrised over FAMILIES then cover it.
@@ -14,7 +14,8 @@ from engine.errors import ModelError
 from engine.models import hf_gpt2, hf_llama, hf_neox, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
 from engine.models.io import check_output_dir, read_config
-from engine.models.native import fresh
+from engine.models.native import check_hf_config, fresh
+from engine.models.reference import RefConfig
 
 FAMILIES: dict[str, Family] = {
     reference.ENTRY.name: reference.ENTRY,
@@ -67,12 +68,36 @@ def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     return FAMILIES[model.family].logits(model, inputs)
 
 
+def arch_from_config(config: dict, source: str = "config.json") -> Arch:
+    """The Arch of a reference, HF GPT-2, HF Llama, HF GPT-NeoX or timm ViT config dict (no weights needed)."""
+    fam = config.get("family")
+    if "model_type" in config:
+        check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
+    if fam == "reference":
+        return RefConfig.from_dict(config).arch()
+    mt = config.get("model_type")
+    if mt == "gpt2":
+        from transformers import GPT2Config
+
+        return hf_gpt2.arch(GPT2Config(**{k: v for k, v in config.items() if k != "model_type"}), source)
+    if mt == "llama":
+        from transformers import LlamaConfig
+
+        return hf_llama.arch(LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"}), source)
+    if mt == "gpt_neox":
+        return hf_neox.arch(hf_neox.config_from_dict(config, source), source)
+    if fam == "timm_vit" or "architecture" in config:
+        return timm_vit.arch(timm_vit.module_from_config(config, source), source)
+    raise ModelError(f"{source} is not a reference, GPT-2, Llama, GPT-NeoX or timm ViT config.")
+
+
 __all__ = [
     "FAMILIES",
     "Arch",
     "Family",
     "Model",
     "Params",
+    "arch_from_config",
     "canonical",
     "family_of",
     "load_model",

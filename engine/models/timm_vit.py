@@ -198,7 +198,7 @@ def _is_exact_gelu(act: nn.Module) -> bool:
 # Adapter
 
 
-def _create(config: dict, source: str) -> nn.Module:
+def module_from_config(config: dict, source: str) -> nn.Module:
     """Build the module a config describes: plain VisionTransformer kwargs, or a registered name."""
     import timm
     from timm.models.vision_transformer import VisionTransformer
@@ -283,10 +283,10 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
     if hub and _hub_architecture(cfg) is None:
         raise ModelError(f"{source} does not name a timm vision_transformer architecture in config.json.")
     with torch.device("meta"):  # shapes only: nothing is allocated before the weights are known to fit
-        shapes = _create(cfg, source)
+        shapes = module_from_config(cfg, source)
     arch(shapes, source)  # refuse unsupported options before reading any weights
     state = read_safetensors(path / "model.safetensors", shapes.state_dict())  # checks keys, shapes, dtypes, NaN
-    module = _create(cfg, source).to(dtype)  # before loading: a float32 module would round float64 weights
+    module = module_from_config(cfg, source).to(dtype)  # before loading: a float32 module would round float64 weights
     module.load_state_dict(state)
     model_args = dict(cfg.get("model_args") or {})
     if hub and "num_classes" in cfg:

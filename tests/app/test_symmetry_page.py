@@ -10,9 +10,11 @@ from streamlit.testing.v1 import AppTest
 from tiny_zoo import TINY
 
 from app import figures
-from engine.diagnostics import EXACT_TOL, sinusoidal_spectrum, symmetry_report
+from engine.checks import EXACT_TOL
+from engine.groups import sinusoidal_spectrum
 from engine.models import save_model
 from engine.models.reference import build
+from engine.report import symmetry_report
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 PAGE = "app_pages/symmetry.py"

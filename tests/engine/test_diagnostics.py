@@ -8,19 +8,11 @@ import pytest
 import torch
 from ref_models import random_model, tiny
 
-from engine.diagnostics import (
-    arch_from_config,
-    break_tests,
-    format_report,
-    group_dimension,
-    invariance_checks,
-    jacobian_nullity,
-    rope_breaking,
-    sinusoidal_spectrum,
-    symmetry_report,
-)
-from engine.models import save_model
+from engine.checks import break_tests, invariance_checks, jacobian_nullity, rope_breaking
+from engine.groups import group_dimension, sinusoidal_spectrum
+from engine.models import arch_from_config, save_model
 from engine.models.reference import RefConfig
+from engine.report import format_report, symmetry_report
 
 
 def rows(report_rows):

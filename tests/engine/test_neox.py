@@ -19,15 +19,16 @@ from safetensors.torch import load_file, save_file
 
 from engine.align.common import default_classes, model_for, prepare_pair, twin
 from engine.align.run import align, endpoint_check
+from engine.checks import break_tests, invariance_checks
 from engine.cli import main
-from engine.diagnostics import break_tests, invariance_checks
 from engine.errors import ModelError, SpecError
 from engine.evaluate import eval_set_for
 from engine.interpolate import interpolate
 from engine.models import canonical, family_of, hf_neox, load_model, model_logits, reference, set_canonical
 from engine.models.base import Model
 from engine.spec import build_spec
-from engine.symmetry import apply, fold_norms, invert, layernorm_to_rmsnorm, reference_config_from_arch, sample
+from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
+from engine.symmetry import apply, invert, sample
 
 F64 = torch.float64
 BASE = {"vocab_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "max_position_embeddings": 16,

@@ -15,18 +15,16 @@ from engine.models import canonical, set_canonical
 from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS
 from engine.models.reference import RefConfig, apply_rope, build, rope_frequencies
 from engine.spec import build_spec
+from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
 from engine.symmetry import (
     KINDS,
     GroupElement,
     LayerElement,
     apply,
     compose,
-    fold_norms,
     identity,
     invert,
-    layernorm_to_rmsnorm,
     random_gl,
-    reference_config_from_arch,
     rope_commutant,
     sample,
 )

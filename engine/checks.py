@@ -1,15 +1,13 @@
-"""Symmetry diagnostics: does the declared group leave the model's function unchanged, and how big is it?
+"""Numerical verifications of the symmetry group, on a float64 copy of the model.
 
-- invariance checks: k random elements of each group kind, the largest relative change of the logits
-  (float64 copy of the model); translations (key bias, value-bias folding, learned-PE shift) too;
+- invariance checks: k random elements of each group kind, the largest relative change of the logits;
+  translations (key bias, value-bias folding, learned-PE shift) too;
 - break tests: maps from larger groups that are NOT symmetries (GL(d) on a RoPE model's Q/K, the other
   pairing's commutant, orthogonal Q/K maps, GL(D) on the residual, scaling a non-homogeneous MLP) and
   how much they change the output;
-- group dimension from the formulas of MATH.md sections 1-3, from an Arch alone (so from a config.json);
-- the same dimension measured as the nullity of the Jacobian of the logits w.r.t. the parameters;
-- RoPE breaking strength per frequency pair against omega * context, and the sinusoidal table spectrum.
-
-`symmetry_report` bundles these as JSON for `python -m engine symmetry`; `format_report` prints it.
+- RoPE breaking strength per frequency pair against omega * context, measured on the model too;
+- the group dimension measured as the nullity of the Jacobian of the logits w.r.t. the parameters,
+  against the formula of engine/groups.py.
 """
 
 from __future__ import annotations
@@ -18,35 +16,30 @@ import copy
 import functools
 import math
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from engine.errors import ModelError, SpecError
-from engine.models import canonical, load_model, model_logits, set_canonical
+from engine.errors import SpecError
+from engine.groups import group_dimension
+from engine.models import canonical, model_logits, set_canonical
 from engine.models.base import Arch, Model, Params
-from engine.models.io import read_json_object
-from engine.models.native import check_hf_config
-from engine.models.reference import RefConfig, build, rope_frequencies, rope_pairs, sinusoidal_table
-from engine.spec import KINDS, Spec, build_spec, check_arch
+from engine.models.reference import RefConfig, build, rope_frequencies, rope_pairs
+from engine.spec import build_spec
+from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
 from engine.symmetry import (
     GroupElement,
     LayerElement,
     apply,
-    fold_norms,
     identity,
-    layernorm_to_rmsnorm,
     random_gl,
     random_orthogonal,
-    reference_config_from_arch,
     rope_commutant,
     sample,
 )
 
-__all__ = ["arch_from_config", "break_tests", "float64_copy", "format_report", "group_dimension",
-           "invariance_checks", "jacobian_nullity", "reference_config_from_arch", "rope_breaking",
-           "sinusoidal_spectrum", "symmetry_report"]
+__all__ = ["EXACT_TOL", "break_tests", "float64_copy", "invariance_checks", "jacobian_nullity", "reference_model",
+           "rope_breaking"]
 
 EXACT_TOL = 1e-10  # relative logit change below which a float64 check counts as exact (DESIGN.md)
 
@@ -90,7 +83,7 @@ def _evaluator(model64: Model, arch: Arch, inputs: Tensor) -> Callable[[Params],
     if arch == model64.arch:
         target = model64
     else:
-        target = _reference_model(reference_config_from_arch(arch, **_geometry(model64, canonical(model64))))
+        target = reference_model(reference_config_from_arch(arch, **_geometry(model64, canonical(model64))))
 
     def f(params: Params) -> Tensor:
         with torch.no_grad():
@@ -101,7 +94,7 @@ def _evaluator(model64: Model, arch: Arch, inputs: Tensor) -> Callable[[Params],
 
 
 @functools.lru_cache(maxsize=1)
-def _reference_model(cfg: RefConfig) -> Model:
+def reference_model(cfg: RefConfig) -> Model:
     """A float64 reference model to evaluate rewritten params in; kept for the next check of the same
     config (its weights are always overwritten whole by set_canonical before use)."""
     return build(cfg, dtype=torch.float64)
@@ -308,62 +301,42 @@ def break_tests(model: Model, seed: int = 0, inputs: Tensor | None = None) -> li
 
 
 # ---------------------------------------------------------------------------------------------
-# Group dimension from the formulas (MATH.md sections 1-3)
+# RoPE breaking per frequency pair
 
 
-def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
-    """Continuous dimension of the symmetry group, per component, per layer and in total.
+def rope_breaking(arch: Arch, n_ctx: int | None = None, model: Model | None = None, eps: float = 0.1) -> list[dict]:
+    """How strongly RoPE pair j breaks GL(2) on that pair, against omega_j * context length.
 
-    Counted for the folded form (RMSNorm gains in the readers; LayerNorm rewritten as RMSNorm), with
-    the logits as the function (the log-softmax would add the head's constant-column gauge).
-      qk   h_kv (r + (d - r)^2)   GL(d) without RoPE (r = 0), H(r) x GL(d - r) with it
-      vo   h_kv d^2
-      key_bias    h_kv (d - r)   b_K + t on unrotated dims (MATH.md says h d without RoPE, 0 with)
-      value_bias  h_kv d         b_V + t folded into b_O (needs b_O)
-      mlp_scale   m              ReLU or SwiGLU
-      residual_orth  D(D-1)/2    O(D); sinusoidal: only rotations fixing P_sin's row differences are exact
-      pe_shift    D (LM) or 2D (ViT: class token / row 0 and patch bias / rows 1..N); untied only
-      ln_reader_gauge            `centred` (default: a LayerNorm model): the stream lies in the hyperplane
-                                 orthogonal to 1, so every reader column may add a multiple of 1 there:
-                                 per layer h d + 2 h_kv d + m (2m for SwiGLU), plus n_out for an untied head
-    Permutations are discrete (dimension 0).
+    A traceless symmetric generator X on pair j (the part of gl(2) outside the commutant) is conjugated
+    by R(omega n) into a copy rotated by 2 omega n, so ||[X, R(omega n)]||_F = 2 |sin(omega n)| ||X||_F.
+    `strength` = max over relative offsets n < T of |sin(omega_j n)| (and its RMS over n): about
+    omega_j T when omega_j T << 1, so slow pairs are almost GL(2)-symmetric over a short context.
+    With `model`, `measured` is the relative logit change of A = exp(eps X) on pair j
+    in every KV group of every layer.
     """
-    check_arch(arch)
-    D, hkv, d, m, r, L = arch.d_model, arch.n_kv_heads, arch.d_head, arch.d_mlp, arch.rotary_dim, arch.n_layers
-    centred = arch.norm == "layernorm" if centred is None else centred
-    qk = hkv * (r + (d - r) ** 2)
-    vo = hkv * d * d
-    kb = hkv * (d - r) if arch.attn_bias else 0
-    vb = hkv * d if arch.attn_bias and arch.out_bias else 0
-    ms = m if arch.mlp in ("relu", "swiglu") else 0
-    gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.mlp == "swiglu" else 1) if centred else 0
-    head_gauge = arch.n_out if centred and not arch.tied_embeddings else 0
-    notes = []
-    if arch.pe == "sinusoidal":
-        # Omega must fix every difference P_sin[t] - P_sin[t0] (the embedding absorbs a constant shift):
-        # LM rows 0..T-1, ViT patch rows 1..N (the class token absorbs row 0); distinct frequencies make
-        # these differences independent, so their rank is min(#differences, D)
-        k = min(arch.n_ctx - (1 if arch.task == "lm" else 2), D)
-        res = (D - k) * (D - k - 1) // 2
-        notes.append(f"sinusoidal PE: exact residual rotations must fix {k} independent differences of P_sin "
-                     f"rows (dim {res}); O({D}) is only approximate")
-    else:
-        res = D * (D - 1) // 2
-    pe = (D if arch.task == "lm" else 2 * D) if arch.pe == "learned" and not arch.tied_embeddings else 0
-    if arch.pe == "learned" and arch.tied_embeddings:
-        notes.append("tied embeddings: the embedding shift moves the logits by a per-position constant, a "
-                     "symmetry of the log-probabilities only, not counted")
-    if arch.norm == "layernorm":
-        notes.append("LayerNorm: counted for the RMSNorm rewrite; as given, the gains and biases add per-norm "
-                     "scalings and bias shifts, every writer row's mean is a free gauge, and only rotations "
-                     "fixing the all-ones vector are exact")
-    per_layer = [{"layer": i, "qk": qk, "vo": vo, "key_bias": kb, "value_bias": vb, "attention": qk + vo + kb + vb,
-                  "mlp": ms, "ln_reader_gauge": gauge, "total": qk + vo + kb + vb + ms + gauge} for i in range(L)]
-    by_kind = {"heads": 0, "mlp": 0, "mlp_scale": L * ms, "qk": L * qk, "vo": L * vo, "residual_perm": 0,
-               "residual_orth": res, "key_bias": L * kb, "value_bias": L * vb, "pe_shift": pe}
-    if centred:
-        by_kind["ln_reader_gauge"] = L * gauge + head_gauge
-    return {"per_layer": per_layer, "total": sum(by_kind.values()), "by_kind": by_kind, "notes": notes}
+    if arch.pe != "rope":
+        return []
+    T = n_ctx or arch.n_ctx
+    r, d = arch.rotary_dim, arch.d_head
+    w = rope_frequencies(r, arch.rope_base)  # [r/2]
+    n = torch.arange(T, dtype=torch.float64)  # relative offsets 0..T-1
+    sin = (w[:, None] * n).sin().abs()  # [r/2, T]
+    rows = [{"pair": j, "omega": float(w[j]), "omega_ctx": float(w[j] * T), "strength": float(sin[j].max()),
+             "rms": float(sin[j].pow(2).mean().sqrt())} for j in range(r // 2)]
+    if model is not None:
+        m64 = float64_copy(model)
+        theta = canonical(m64)
+        x = example_inputs(m64, n_tokens=T)
+        f = _evaluator(m64, m64.arch, x)
+        y0 = f(theta)
+        i1, i2 = rope_pairs(r, arch.rope_layout)
+        e = identity(arch)
+        for j in range(r // 2):
+            A = torch.eye(d, dtype=torch.float64)
+            A[i1[j], i1[j]], A[i2[j], i2[j]] = math.exp(eps), math.exp(-eps)  # exp(eps diag(1, -1)) on pair j
+            g = _with_layers(e, qk=lambda i, A=A: A.repeat(arch.n_kv_heads, 1, 1))
+            rows[j]["measured"] = _rel(f(apply(arch, g, theta, strict=False)), y0)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,187 +394,3 @@ def jacobian_nullity(model: Model, seed: int = 0, rtol: float = 1e-9, oversample
     formula = group_dimension(a2, centred=arch.norm == "layernorm")["total"]
     return {"n_params": n, "n_outputs": int(J.shape[0]), "rank": rank, "nullity": n - rank, "formula": formula,
             "gap": gap, "rtol": rtol, "sigma_max": float(s[0])}
-
-
-# ---------------------------------------------------------------------------------------------
-# RoPE breaking per frequency pair, sinusoidal spectrum
-
-
-def rope_breaking(arch: Arch, n_ctx: int | None = None, model: Model | None = None, eps: float = 0.1) -> list[dict]:
-    """How strongly RoPE pair j breaks GL(2) on that pair, against omega_j * context length.
-
-    A traceless symmetric generator X on pair j (the part of gl(2) outside the commutant) is conjugated
-    by R(omega n) into a copy rotated by 2 omega n, so ||[X, R(omega n)]||_F = 2 |sin(omega n)| ||X||_F.
-    `strength` = max over relative offsets n < T of |sin(omega_j n)| (and its RMS over n): about
-    omega_j T when omega_j T << 1, so slow pairs are almost GL(2)-symmetric over a short context.
-    With `model`, `measured` is the relative logit change of A = exp(eps X) on pair j
-    in every KV group of every layer.
-    """
-    if arch.pe != "rope":
-        return []
-    T = n_ctx or arch.n_ctx
-    r, d = arch.rotary_dim, arch.d_head
-    w = rope_frequencies(r, arch.rope_base)  # [r/2]
-    n = torch.arange(T, dtype=torch.float64)  # relative offsets 0..T-1
-    sin = (w[:, None] * n).sin().abs()  # [r/2, T]
-    rows = [{"pair": j, "omega": float(w[j]), "omega_ctx": float(w[j] * T), "strength": float(sin[j].max()),
-             "rms": float(sin[j].pow(2).mean().sqrt())} for j in range(r // 2)]
-    if model is not None:
-        m64 = float64_copy(model)
-        theta = canonical(m64)
-        x = example_inputs(m64, n_tokens=T)
-        f = _evaluator(m64, m64.arch, x)
-        y0 = f(theta)
-        i1, i2 = rope_pairs(r, arch.rope_layout)
-        e = identity(arch)
-        for j in range(r // 2):
-            A = torch.eye(d, dtype=torch.float64)
-            A[i1[j], i1[j]], A[i2[j], i2[j]] = math.exp(eps), math.exp(-eps)  # exp(eps diag(1, -1)) on pair j
-            g = _with_layers(e, qk=lambda i, A=A: A.repeat(arch.n_kv_heads, 1, 1))
-            rows[j]["measured"] = _rel(f(apply(arch, g, theta, strict=False)), y0)
-    return rows
-
-
-def sinusoidal_spectrum(n_pos: int, d_model: int, rtol: float = 1e-6) -> dict:
-    """Singular values of P_sin[:n_pos] (MATH.md section 3): rank, and how many are below rtol * sigma_max."""
-    s = torch.linalg.svdvals(sinusoidal_table(n_pos, d_model, torch.float64))  # [min(T, D)]
-    small = int((s < rtol * s[0]).sum())
-    return {"n_pos": n_pos, "d_model": d_model, "singular_values": [float(v) for v in s],
-            "sigma_max": float(s[0]), "sigma_min": float(s[-1]), "condition": float(s[0] / s[-1]),
-            "n_below_rtol": small, "rtol": rtol, "numerical_rank": len(s) - small}
-
-
-# ---------------------------------------------------------------------------------------------
-# Config -> Arch without weights, and the report
-
-
-def arch_from_config(config: dict, source: str = "config.json") -> Arch:
-    """The Arch of a reference, HF GPT-2, HF Llama, HF GPT-NeoX or timm ViT config dict (no weights needed)."""
-    fam = config.get("family")
-    if "model_type" in config:
-        check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
-    if fam == "reference":
-        return RefConfig.from_dict(config).arch()
-    mt = config.get("model_type")
-    if mt == "gpt2":
-        from transformers import GPT2Config
-
-        from engine.models import hf_gpt2
-
-        return hf_gpt2.arch(GPT2Config(**{k: v for k, v in config.items() if k != "model_type"}), source)
-    if mt == "llama":
-        from transformers import LlamaConfig
-
-        from engine.models import hf_llama
-
-        return hf_llama.arch(LlamaConfig(**{k: v for k, v in config.items() if k != "model_type"}), source)
-    if mt == "gpt_neox":
-        from engine.models import hf_neox
-
-        return hf_neox.arch(hf_neox.config_from_dict(config, source), source)
-    if fam == "timm_vit" or "architecture" in config:
-        from engine.models import timm_vit
-
-        return timm_vit.arch(timm_vit._create(config, source), source)
-    raise ModelError(f"{source} is not a reference, GPT-2, Llama, GPT-NeoX or timm ViT config.")
-
-
-def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, str]:
-    """(model or None, arch, display name): weights are loaded only when they exist and are wanted."""
-    if isinstance(model_or_config_path, Model):
-        m = model_or_config_path
-        return m, m.arch, m.name or m.family
-    if isinstance(model_or_config_path, dict):
-        return None, arch_from_config(model_or_config_path), "config"
-    path = Path(model_or_config_path)
-    if not path.exists():
-        from engine.zoo import resolve
-
-        path = resolve(str(model_or_config_path))
-    if path.is_dir() and not dims_only and any(path.glob("*.safetensors")):
-        m = load_model(path, dtype=torch.float64)
-        return m, m.arch, str(path)
-    cfg_file = path if path.is_file() else path / "config.json"
-    return None, arch_from_config(read_json_object(cfg_file), str(cfg_file)), str(path)
-
-
-def symmetry_report(model_or_config_path, dims_only: bool = False, k: int = 3, seed: int = 0) -> dict:
-    """JSON-ready symmetry diagnostics of a Model, a model directory, a config.json path or a config dict.
-
-    {"model", "family", "arch", "kinds", "approximate", "requires", "checks": [{group, kind,
-    max_rel_change, exact, note}], "breaks": [same], "group_dim": {per_layer, total, by_kind, notes},
-    "rope": [per pair], "sinusoidal": {spectrum}, "dims_only"}. Without weights (a bare config, or
-    dims_only) checks and breaks are empty.
-    """
-    model, arch, name = _target(model_or_config_path, dims_only)
-    weights = model is not None and not dims_only
-    rep: dict = {"model": name, "family": arch.family, "arch": arch.to_dict(), "dims_only": not weights,
-                 "checks": [], "breaks": []}
-    if weights:
-        spec: Spec = build_spec(arch, canonical(model))
-        rep |= {"kinds": list(spec.kinds), "approximate": sorted(spec.approximate), "requires": dict(spec.requires)}
-        try:
-            rep["checks"] = invariance_checks(model, k=k, seed=seed)
-            rep["breaks"] = break_tests(model, seed=seed)
-        finally:
-            _reference_model.cache_clear()  # a float64 copy of a big model is not worth keeping around
-    else:
-        check_arch(arch)
-        kinds = [kk for kk in KINDS if kk != "mlp_scale" or arch.mlp in ("relu", "swiglu")]
-        rep |= {"kinds": kinds, "approximate": ["residual_orth", "residual_perm"] if arch.pe == "sinusoidal" else [],
-                "requires": {}}
-    rep["group_dim"] = group_dimension(arch)
-    if arch.pe == "rope":
-        rep["rope"] = rope_breaking(arch)
-    if arch.pe == "sinusoidal":
-        sp = sinusoidal_spectrum(arch.n_ctx, arch.d_model)
-        rep["sinusoidal"] = {k2: v for k2, v in sp.items() if k2 != "singular_values"} | {
-            "singular_values": sp["singular_values"][:8] + sp["singular_values"][-8:]}
-    return rep
-
-
-def format_report(report: dict) -> str:
-    """A human-readable table of a symmetry_report."""
-    a = report["arch"]
-    lines = [f"{report['model']} ({report['family']}): {a['task']}, {a['n_layers']} layers, D={a['d_model']}, "
-             f"h={a['n_heads']} (kv {a['n_kv_heads']}), d={a['d_head']}, m={a['d_mlp']}, pe={a['pe']}"
-             + (f" ({a['rope_layout']}, rotary {a['rotary_dim']})" if a["pe"] == "rope" else "")
-             + f", {a['norm']}, {a['mlp']}"]
-
-    def table(title: str, rows: list[dict]) -> None:
-        if not rows:
-            return
-        lines.append("")
-        lines.append(f"{title:<26} {'group':<60} {'max rel change':>15}  exact")
-        for r in rows:
-            c = "-" if r["max_rel_change"] is None else f"{r['max_rel_change']:.2e}"
-            lines.append(f"{r['group']:<26} {r['kind'][:60]:<60} {c:>15}  {'yes' if r['exact'] else 'no'}"
-                         + (f"  ({r['note']})" if r.get("note") else ""))
-
-    table("invariance check", report["checks"])
-    table("break test", report["breaks"])
-    gd = report["group_dim"]
-    lines.append("")
-    lines.append("group dimension (continuous)")
-    for k, v in gd["by_kind"].items():
-        lines.append(f"  {k:<16} {v:>14,}")
-    if gd["per_layer"]:
-        lines.append(f"  per layer: attention {gd['per_layer'][0]['attention']:,}, mlp {gd['per_layer'][0]['mlp']:,}")
-    lines.append(f"  total            {gd['total']:>14,}")
-    lines += [f"  note: {n}" for n in gd["notes"]]
-    if report.get("rope"):
-        lines.append("")
-        lines.append("RoPE breaking per pair (max |sin(omega n)|, n < context)")
-        rows = report["rope"]
-        for r in rows if len(rows) <= 8 else rows[:4] + rows[-4:]:
-            lines.append(f"  pair {r['pair']:>3}  omega {r['omega']:.3e}  omega*T {r['omega_ctx']:10.3g}  "
-                         f"strength {r['strength']:.3f}")
-    if report.get("sinusoidal"):
-        s = report["sinusoidal"]
-        lines.append("")
-        lines.append(f"sinusoidal table {s['n_pos']}x{s['d_model']}: sigma_max {s['sigma_max']:.3g}, "
-                     f"sigma_min {s['sigma_min']:.3g}, {s['n_below_rtol']} below {s['rtol']:g} sigma_max")
-    if report["dims_only"]:
-        lines.append("")
-        lines.append("dimensions from the config only: no invariance checks or break tests were run")
-    return "\n".join(lines)
