@@ -32,10 +32,10 @@ from engine.align.common import (
     RESIDUAL,
     AlignContext,
     AlignOutput,
+    F64View,
     Pair,
     check_twin,
     tick,
-    to_f64,
     train_batches,
     twin,
 )
@@ -120,7 +120,7 @@ def _rows_per_head(t: Tensor) -> Tensor:
 def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_structure: str | None = None
                      ) -> tuple[GroupElement, dict]:
     arch, spec = pair.arch, pair.spec
-    pa, pb = to_f64(pair.params_a), to_f64(pair.params_b)
+    pa, pb = F64View(pair.params_a), F64View(pair.params_b)  # one parameter at a time, never the model
     ta, tb = twin(pair.model_a), twin(pair.model_b)
     check_twin(pair.model_a, ta, inputs)
     check_twin(pair.model_b, tb, inputs)

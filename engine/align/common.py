@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -93,9 +93,13 @@ def _patch_dim(params: Params) -> int | None:
     return params["embed.patch.W"].shape[0] if "embed.patch.W" in params else None
 
 
-def model_for(template: Model, arch: Arch, params: Params) -> Model:
+def model_for(template: Model, arch: Arch, params: Params, share: bool = False) -> Model:
     """A model computing `params`: a copy of `template` when the arch is unchanged, else a
-    reference-family twin (fold_norms may untie embeddings; layernorm_to_rmsnorm always changes family)."""
+    reference-family twin (fold_norms may untie embeddings; layernorm_to_rmsnorm always changes family).
+
+    share=True (a twin only): the twin's parameters ARE the tensors of `params` (views of another
+    model's storage, say), so the twin costs no memory; it must then be used read-only.
+    """
     from engine.models.reference import Transformer
 
     if arch == template.arch:
@@ -105,6 +109,9 @@ def model_for(template: Model, arch: Arch, params: Params) -> Model:
         p = next(template.module.parameters())
         module = Transformer(cfg).to(dtype=p.dtype, device=p.device)
         m = Model("reference", cfg.arch(), module, cfg.to_dict(), name=template.name, path=None)
+        if share:  # the freshly built parameters are dropped here: only its buffers (RoPE tables...) stay
+            module.load_state_dict({k: v.detach() for k, v in params.items()}, strict=True, assign=True)
+            return m
     set_canonical(m, params)
     return m
 
@@ -164,8 +171,8 @@ def twin(model: Model) -> Model:
     if model.family == "reference":
         return model
     params = canonical(model, copy=False)
-    try:
-        return model_for(model, replace(model.arch, family="reference"), params)
+    try:  # sharing the model's own tensors: a twin costs no memory (aligners only read it)
+        return model_for(model, replace(model.arch, family="reference"), params, share=True)
     except SpecError as e:
         raise SpecError(f"Data-driven alignment needs the model expressed in the reference family: {e}") from None
 
@@ -261,9 +268,21 @@ def tick() -> Callable[[], float]:
     return lambda: time.perf_counter() - t0
 
 
-def to_f64(p: Params) -> Params:
-    """Float64 CPU copies: the solvers' working precision and place (scipy, small matrices)."""
-    return {k: v.detach().to("cpu", F64) for k, v in p.items()}
+class F64View(Mapping[str, Tensor]):
+    """Params read as float64 CPU tensors one key at a time: the solvers' working precision and place
+    (scipy, small matrices) without a float64 copy of the whole model."""
+
+    def __init__(self, p: Params):
+        self.p = p
+
+    def __getitem__(self, k: str) -> Tensor:
+        return self.p[k].detach().to("cpu", F64)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.p)
+
+    def __len__(self) -> int:
+        return len(self.p)
 
 
 # ---------------------------------------------------------------------------------------------
