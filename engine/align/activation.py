@@ -48,21 +48,34 @@ from engine.symmetry import GroupElement, LayerElement
 ACT_BATCH = {"lm": 16, "vit": 256}  # sequences of up to 128 tokens / images
 
 
+class _Enough(Exception):
+    """Raised by the last hook: the unembedding (logits [N, V]) is never computed."""
+
+
 @torch.no_grad()
 def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
     """Residual stream at each block input and before the final norm, and each block's normalised
-    attention / MLP inputs, from one forward pass of a reference-family module."""
+    attention / MLP inputs, from one forward pass of a reference-family module, stopped before the
+    unembedding. Kept in the model's dtype on the CPU; the matching reads them in float64 one layer
+    at a time."""
     net = model.module
     out: dict[str, list[Tensor]] = {"resid": [], "x_attn": [], "x_mlp": []}
+
+    def last(m, a):
+        out["resid"].append(a[0].to("cpu"))
+        raise _Enough
+
     hooks = []
     for blk in net.blocks:
-        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu", F64))))
-        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to("cpu", F64))))
-        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to("cpu", F64))))
-    hooks.append(net.norm_f.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu", F64))))
+        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu"))))
+        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to("cpu"))))
+        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to("cpu"))))
+    hooks.append(net.norm_f.register_forward_pre_hook(last))
     try:
         p = next(net.parameters())
         net(inputs.to(p.device, p.dtype) if inputs.is_floating_point() else inputs.to(p.device))
+    except _Enough:
+        pass
     finally:
         for h in hooks:
             h.remove()
@@ -131,8 +144,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
     # residual stream first: everything below is invariant to it, except the head outputs z
     O = torch.eye(D, dtype=F64)
     if set(RESIDUAL) & kinds:
-        Xa = torch.cat([x.flatten(0, 1) for x in acts_a["resid"]])  # [N*(L+1), D]
-        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]])  # [N*(L+1), D]
+        Xa = torch.cat([x.flatten(0, 1) for x in acts_a["resid"]]).to(F64)  # [N*(L+1), D]
+        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]]).to(F64)  # [N*(L+1), D]
         if "residual_perm" in kinds:
             O = residual_perm_matrix(assignment(correlation(Xa, Xb)))
         else:
@@ -140,8 +153,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
 
     layers, corr = [], []
     for layer in range(arch.n_layers):
-        at_a = attention_parts(arch, ta, pa, layer, acts_a["x_attn"][layer])
-        at_b = attention_parts(arch, tb, pb, layer, acts_b["x_attn"][layer])
+        at_a = attention_parts(arch, ta, pa, layer, acts_a["x_attn"][layer].to(F64))
+        at_b = attention_parts(arch, tb, pb, layer, acts_b["x_attn"][layer].to(F64))
         hp = torch.arange(arch.n_heads)
         if "heads" in kinds:
             Pa, Pb = at_a["pattern"].transpose(0, 1).flatten(1), at_b["pattern"].transpose(0, 1).flatten(1)  # [h, *]
@@ -164,8 +177,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             nv = Va.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)  # [h_kv, 1, 1]
             no = Oa.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)
             B = fit_gl(Va / nv, Vb / nv, Oa / no, Ob / no)
-        ha = hidden(arch, pa, layer, acts_a["x_mlp"][layer])  # [N, m]
-        hb = hidden(arch, pb, layer, acts_b["x_mlp"][layer])
+        ha = hidden(arch, pa, layer, acts_a["x_mlp"][layer].to(F64))  # [N, m]
+        hb = hidden(arch, pb, layer, acts_b["x_mlp"][layer].to(F64))
         mp = torch.arange(arch.d_mlp)
         c = correlation(ha, hb)  # [m, m]
         if "mlp" in kinds:
