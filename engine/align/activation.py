@@ -135,8 +135,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
     arch, spec = pair.arch, pair.spec
     pa, pb = F64View(pair.params_a), F64View(pair.params_b)  # one parameter at a time, never the model
     ta, tb = twin(pair.model_a), twin(pair.model_b)
-    check_twin(pair.model_a, ta, inputs)
-    check_twin(pair.model_b, tb, inputs)
+    check_twin(pair.model_a, ta, inputs[:2])  # two sequences: logits [2, T, V], not the batch's
+    check_twin(pair.model_b, tb, inputs[:2])
     acts_a, acts_b = capture(ta, inputs), capture(tb, inputs)
     structure = qk_structure or spec.groups["blocks.0.qk"].structure
     rep, D = arch.n_heads // arch.n_kv_heads, arch.d_model
