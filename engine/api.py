@@ -10,12 +10,15 @@ from pathlib import Path
 
 import torch
 
+from engine.cancel import CancelToken
+from engine.cancel import check as check_cancel
 from engine.data import default_splits, digits_sha256
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for, evaluate
-from engine.interpolate import LinearPath, Progress, check_same_architecture, interpolate
+from engine.interpolate import LinearPath, check_same_architecture, interpolate
 from engine.models import Model, load_model, save_model
 from engine.models.io import check_output_dir
+from engine.progress import PhaseProgress, Phases
 from engine.results import RunConfig, cache_dir, cached_record, make_record, resolve_device, store, write_manifest
 from engine.zoo import display_name, pairs, resolve
 
@@ -53,8 +56,9 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
     return float(alpha)
 
 
-def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str | Path | None = None,
-             alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False) -> dict:
+def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
+             alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
+             cancel: CancelToken | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     Every method goes through the aligner registry (engine/align); the record then carries the
@@ -63,6 +67,11 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     before anything is loaded: engine.models.io.check_output_dir; `overwrite` allows a non-empty
     directory the tool did not write; alpha outside [0, 1] needs `extrapolate`). `offload` keeps both
     endpoints (and the alignment) on the CPU and only the path model on the device (docs/SCALE.md).
+
+    `progress` hears of each phase (load, measure B, align, interpolate: engine.progress) with the
+    time its current pass has left; `cancel` (engine.cancel) stops the run with Cancelled within one
+    unit of work (a model loaded, an evaluation batch, a layer or step, a grid point), before
+    anything is written.
     """
     from engine.align import METHODS
     from engine.align.run import align, alignment_record, endpoint_check
@@ -76,10 +85,16 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
     from engine.resources import check_run  # memory from the configs alone: refuse before loading
     check_run(cfg, offload=offload)
+    phases = Phases(progress)
     t0 = time.perf_counter()
     home = "cpu" if offload else device  # where the endpoints live
+    tick = phases.phase("load", 2)
+    check_cancel(cancel, "loading, model A")
     a = load_named(cfg.model_a, cfg.dtype, home)
+    tick(1, 2, f"model A: {a.name}")
+    check_cancel(cancel, "loading, model B")
     b = load_named(cfg.model_b, cfg.dtype, home)
+    tick(2, 2, f"model B: {b.name}")
     check_same_architecture(a, b)
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
     t_load = time.perf_counter() - t0
@@ -89,11 +104,13 @@ def run_pair(cfg: RunConfig, progress: Progress | None = None, save_merged: str 
     if cfg.method == "naive":
         loss_b = None
     else:  # B itself is moved in place below; with offload it is evaluated in a work model on the device
-        loss_b = evaluate(LinearPath(b, b, offload=True, device=device).at(1.0) if offload else b, es)["loss"]
+        model_b = LinearPath(b, b, offload=True, device=device).at(1.0) if offload else b
+        loss_b = evaluate(model_b, es, progress=phases.phase("measure B"), cancel=cancel)["loss"]
     t_check = time.perf_counter() - t1
-    al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True)
-    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=progress, offload=offload,
-                       device=device if offload else None)
+    al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
+               cancel=cancel)
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=phases.phase("interpolate", cfg.points),
+                       offload=offload, device=device if offload else None, cancel=cancel)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}

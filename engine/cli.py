@@ -37,20 +37,33 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
 
 
-def _progress_bar(desc: str):
-    bar = None
+class _PhaseBars:
+    """A run_pair progress callback: one tqdm bar per phase (engine.progress), each closed when the next
+    begins. A bar shows only once its phase has run BAR_DELAY_S, so quick phases (and errors found in
+    them) leave stderr clean; `close()` ends the last one, also when the run fails."""
 
-    def update(done: int, total: int, message: str) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = tqdm(total=total, desc=desc, leave=False)
-        bar.n = done
-        bar.set_postfix_str(message)
-        bar.refresh()
-        if done == total:
-            bar.close()
+    BAR_DELAY_S = 0.5
 
-    return update
+    def __init__(self, desc: str):
+        self.desc, self.bar, self.phase = desc, None, None
+
+    def __call__(self, u) -> None:
+        if u.phase != self.phase or self.bar is None or self.bar.total != (u.total or None):
+            self.close()
+            self.bar = tqdm(total=u.total or None, desc=f"{self.desc}: {u.phase}", leave=False, delay=self.BAR_DELAY_S)
+            self.phase = u.phase
+        self.bar.n = u.done
+        self.bar.set_postfix_str(u.message, refresh=False)
+        self.bar.update(0)  # redraws at most every mininterval, and not before the bar's delay
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def _progress_bar(desc: str) -> _PhaseBars:
+    return _PhaseBars(desc)
 
 
 def _print_path_table(rec: dict) -> None:
@@ -174,7 +187,11 @@ def cmd_interpolate(args) -> None:
     _, device = _check_pair_args(args)
     cfg = _run_config(args, "naive", device)
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
-    rec = run_pair(cfg, progress=_progress_bar("interpolate"), offload=args.offload)
+    bars = _progress_bar("interpolate")
+    try:
+        rec = run_pair(cfg, progress=bars, offload=args.offload)
+    finally:
+        bars.close()
     _print_path_table(rec)
     if args.out:
         write_record(rec, Path(args.out))
@@ -194,9 +211,12 @@ def cmd_align(args) -> None:
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
-    rec = run_pair(cfg, progress=_progress_bar(args.method),
-                   save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
-                   extrapolate=args.extrapolate, offload=args.offload)
+    bars = _progress_bar(args.method)
+    try:
+        rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
+                       extrapolate=args.extrapolate, offload=args.offload)
+    finally:
+        bars.close()
     _print_path_table(rec)
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "

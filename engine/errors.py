@@ -35,3 +35,7 @@ class ExactnessError(LMCError):
 
 class OutputError(LMCError):
     """An output location that cannot or must not be written (not a directory, someone else's files, an input)."""
+
+
+class Cancelled(LMCError):
+    """A run stopped on request (engine.cancel.CancelToken) before it finished; nothing was written."""

@@ -8,10 +8,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine.cancel import CancelToken, check
 from engine.data import HFTokenizer, Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
 from engine.errors import DataError, LMCError
 from engine.models import Model, model_logits
 from engine.models.base import Arch
+from engine.progress import Progress
 
 DEFAULT_LM_CTX = 128
 
@@ -114,14 +116,15 @@ def items_per_batch(arch: Arch, itemsize: int = 4, budget_bytes: int = EVAL_BUDG
     return max(1, budget_bytes // item_bytes(arch, itemsize, n_pos))
 
 
-def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast: bool = False) -> dict[str, float | None]:
+def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast: bool = False,
+             progress: Progress | None = None, cancel: CancelToken | None = None) -> dict[str, float | None]:
     """Mean cross-entropy in nats per scored item, and accuracy (classifiers) on `es`.
 
     Each forward scores at most `max_tokens` positions (default: as many as fit EVAL_BUDGET_BYTES, at
     least one item). The loss is taken in float32 row chunks and summed in a float64 scalar, never
     over float64 logits; a float64 model keeps float64 throughout, so exactness checks stay exact.
     `autocast` runs the forward under bfloat16 autocast on CUDA (ignored on other devices and for
-    float64 models).
+    float64 models). `progress` hears of every batch; `cancel` is checked before each (Cancelled).
     """
     p = next(model.module.parameters())
     dtype, device = p.dtype, p.device
@@ -140,7 +143,9 @@ def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast:
     total = torch.zeros((), dtype=torch.float64, device=device)  # summed on the device: no sync per chunk
     correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast):
+        batches = -(-len(es.inputs) // per_batch)
         for i in range(0, len(es.inputs), per_batch):
+            check(cancel, f"evaluation, batch {i // per_batch + 1}/{batches}")
             x = es.inputs[i : i + per_batch].to(device, non_blocking=True)
             y = es.targets[i : i + per_batch].to(device, non_blocking=True)
             if x.is_floating_point():
@@ -153,5 +158,7 @@ def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast:
                 total += F.cross_entropy(chunk, t, reduction="sum").to(torch.float64)
                 if es.task == "vit":
                     correct += (chunk.argmax(-1) == t).sum()
+            if progress:
+                progress(i // per_batch + 1, batches, f"batch {i // per_batch + 1}/{batches}")
     n = es.size
     return {"loss": total.item() / n, "accuracy": correct.item() / n if es.task == "vit" else None}

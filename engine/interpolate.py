@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
 
 import torch
 
+from engine.cancel import CancelToken, check
 from engine.errors import ArchitectureMismatch, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.models import Model
-
-Progress = Callable[[int, int, str], None]  # (done, total, message)
+from engine.progress import Progress
 
 
 def check_same_architecture(a: Model, b: Model) -> None:
@@ -135,18 +134,20 @@ def accuracy_drop(lambdas: list[float], acc: list[float]) -> float:
 
 def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: int | None = None,
                 progress: Progress | None = None, offload: bool = False, device: str | torch.device | None = None,
-                autocast: bool = False) -> dict:
+                autocast: bool = False, cancel: CancelToken | None = None) -> dict:
     """Loss (and accuracy) along the path on `es`; the barrier fields of a result record.
 
     `max_tokens` and `autocast` go to every evaluation (engine.evaluate.evaluate); `offload` and
-    `device` place the path (LinearPath).
+    `device` place the path (LinearPath). `progress` hears of every grid point; `cancel` is checked
+    before each point and each evaluation batch (engine.cancel).
     """
     t0 = time.perf_counter()
     path = LinearPath(a, b, offload=offload, device=device)
     lambdas = grid(points)
     loss, acc = [], []
     for i, lam in enumerate(lambdas):
-        r = evaluate(path.at(lam), es, max_tokens, autocast)
+        check(cancel, f"interpolation, point {i + 1}/{points}")
+        r = evaluate(path.at(lam), es, max_tokens, autocast, cancel=cancel)
         loss.append(r["loss"])
         acc.append(r["accuracy"])
         if progress:

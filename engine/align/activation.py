@@ -41,8 +41,10 @@ from engine.align.common import (
 )
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
 from engine.align.weight import fit_qk
+from engine.cancel import CancelToken, check
 from engine.models.base import Arch, Params
 from engine.models.reference import apply_rope, mlp_activation
+from engine.progress import Progress
 from engine.symmetry import GroupElement, LayerElement
 
 ACT_BATCH = {"lm": 16, "vit": 256}  # sequences of up to 128 tokens / images
@@ -130,8 +132,10 @@ def _rows_per_head(t: Tensor) -> Tensor:
     return t.permute(1, 0, 2, 3).flatten(1, 2)  # [n, B*T, d]
 
 
-def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_structure: str | None = None
-                     ) -> tuple[GroupElement, dict]:
+def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_structure: str | None = None,
+                     progress: Progress | None = None, cancel: CancelToken | None = None) -> tuple[GroupElement, dict]:
+    """The activation-matching element from one batch `inputs`; `progress` hears of every layer and
+    `cancel` is checked before each (engine.cancel)."""
     arch, spec = pair.arch, pair.spec
     pa, pb = F64View(pair.params_a), F64View(pair.params_b)  # one parameter at a time, never the model
     ta, tb = twin(pair.model_a), twin(pair.model_b)
@@ -153,6 +157,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
 
     layers, corr = [], []
     for layer in range(arch.n_layers):
+        check(cancel, f"activation matching, layer {layer + 1}/{arch.n_layers}")
         at_a = attention_parts(arch, ta, pa, layer, acts_a["x_attn"][layer].to(F64))
         at_b = attention_parts(arch, tb, pb, layer, acts_b["x_attn"][layer].to(F64))
         hp = torch.arange(arch.n_heads)
@@ -192,6 +197,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             bad = (s <= 0) if arch.mlp == "relu" else (s == 0)
             s = torch.where(bad, torch.ones_like(s), s)
         layers.append(LayerElement(hp, A, B, mp, s))
+        if progress:
+            progress(layer + 1, arch.n_layers, f"layer {layer + 1}/{arch.n_layers}")
     return GroupElement(tuple(layers), O), {"mlp_matched_correlation": corr, "tokens": int(acts_a["resid"][0].shape[:2].numel())}
 
 
@@ -206,5 +213,5 @@ def align_activations(ctx: AlignContext) -> AlignOutput:
     t = tick()
     arch = ctx.pair.arch
     x, _ = next(train_batches(arch, ACT_BATCH[arch.task], ctx.seed))
-    g, info = activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure)
+    g, info = activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure, ctx.progress, ctx.cancel)
     return AlignOutput(g, info | {"seconds": t()})

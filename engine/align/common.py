@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from engine.cancel import CancelToken
 from engine.errors import LMCError, SpecError
 from engine.interpolate import Progress
 from engine.models import Model, canonical, model_logits, set_canonical
@@ -249,6 +250,7 @@ class AlignContext:
     qk_structure: str | None = None  # override the spec's Q/K group ("gl"): only to test the guard
     compare_one_sided: bool = True  # dual: also run one-sided learning at the same step budget
     time_budget_s: float | None = None  # learned, dual: also stop when this many seconds of optimisation are spent
+    cancel: CancelToken | None = None  # checked before every layer / step (engine.cancel): Cancelled when set
 
 
 @dataclass

@@ -26,6 +26,7 @@ import torch
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
 from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative
 from engine.align.weight import weight_match
+from engine.progress import relabel
 from engine.symmetry import GroupElement, apply
 
 IDENTITY_LAMBDAS = (0.25, 0.5, 0.75)
@@ -74,15 +75,21 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     """Dual learned matching (registry entry `dual`); returns g_A^{-1} g_B and A's own g_A."""
     t = tick()
     steps = ctx.steps or DEFAULT_STEPS
-    g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure)
+    g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=relabel(ctx.progress, "start, weight "
+                         "matching: "), cancel=ctx.cancel)
     t_init = t()
-    res = optimise(ctx, g0, dual=True, steps=steps, time_budget_s=ctx.time_budget_s)
+    # one stretch of progress for both optimisations: the dual steps, then the one-sided comparison's
+    total = 2 * steps if ctx.compare_one_sided else steps
+    res = optimise(ctx, g0, dual=True, steps=steps, time_budget_s=ctx.time_budget_s,
+                   progress=relabel(ctx.progress, "dual: ", total=total))
     g_a, g_b = res["g_a"], res["g_b"]
     info = {k: res[k] for k in RECORD}
     info["identity"] = dual_identity(ctx.pair, g_a, g_b)
     info["seconds"], info["init_seconds"] = t(), t_init
     if ctx.compare_one_sided:  # the steps the dual run did, without a clock: the same budget
-        one = optimise(ctx, g0, dual=False, steps=res["steps_done"])
+        done = res["steps_done"]
+        one = optimise(ctx, g0, dual=False, steps=done,
+                       progress=relabel(ctx.progress, "one-sided comparison: ", offset=done, total=2 * done))
         info["one_sided_same_budget"] = {
             "steps": res["steps_done"], "best_val_midpoint_loss": one["best_val_midpoint_loss"],
             "history": one["history"],

@@ -64,8 +64,10 @@ from engine.align.solvers import (
     rope_scalars,
 )
 from engine.align.weight import weight_match
+from engine.cancel import check
 from engine.models import Model
 from engine.models.base import Arch, Params
+from engine.progress import Progress, relabel
 from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, apply, compose, identity, invert, rope_commutant
 
@@ -403,17 +405,20 @@ def relative(arch: Arch, g_a: GroupElement | None, g_b: GroupElement) -> GroupEl
 
 
 def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
-             time_budget_s: float | None = None) -> dict:
+             time_budget_s: float | None = None, progress: Progress | None = None) -> dict:
     """Adam on the latents of B's transform (and A's, if dual) on the interpolated task loss.
 
     Runs `steps` steps, or fewer when `time_budget_s` seconds of optimisation run out (checked
-    before each step). Returns the best hard elements seen on the validation batch (midpoint loss
+    before each step, as is ctx.cancel: engine.cancel). `progress` (default ctx.progress) hears of
+    every step. Returns the best hard elements seen on the validation batch (midpoint loss
     of theta_A and g_A^{-1} g_B theta_B, the same function as the dual midpoint), the history, the
     steps done and the memory it took: latent and Adam-state bytes, and the process's peak
     resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
     """
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
+    progress = progress or ctx.progress
+    name = "dual matching" if dual else "learned matching"
     tw = twin(pair.model_a)
     xv, yv = val_batch(arch, VAL_ITEMS[arch.task])
     check_twin(pair.model_a, tw, xv[:2])
@@ -455,7 +460,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
                 solves[k] += n
         solved_at = step
 
-    def check(step: int, loss: float) -> None:
+    def validate(step: int, loss: float) -> None:
         nonlocal best, best_val, best_step
         solve(step)
         el = elements()
@@ -464,13 +469,12 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             history[key].append(val)
         if v < best_val:
             best_val, best, best_step = v, el, step
-        if ctx.progress:
-            ctx.progress(step, steps, f"midpoint loss {v:.4f}")
 
     every = max(1, steps // EVALS)
     done, loss, stopped = 0, float("nan"), "steps"
     t_opt = tick()
     for step in range(1, steps + 1 if opt else 1):
+        check(ctx.cancel, f"{name}, step {step}/{steps}")
         if time_budget_s is not None and clock() >= time_budget_s:
             stopped = "time_budget"
             break
@@ -488,9 +492,12 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         opt.step()
         done = step
         if step % every == 0 or step == steps:
-            check(step, loss)
+            validate(step, loss)
+        if progress:
+            progress(step, steps, f"step {step}/{steps}: train loss {loss:.4f}, "
+                                  f"best validation midpoint loss {best_val:.4f}")
     if done and history["step"][-1] != done:  # stopped by the time budget between two checks
-        check(done, loss)
+        validate(done, loss)
     opt_seconds = t_opt()
     latents = [p for s in sides for p in s.parameters()]
     memory = {
@@ -516,7 +523,8 @@ RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "p
 def align_learned(ctx: AlignContext) -> AlignOutput:
     """One-sided learned matching from the weight-matching start (registry entry `learned`)."""
     t = tick()
-    g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure)
+    g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=relabel(ctx.progress, "start, weight "
+                         "matching: "), cancel=ctx.cancel)
     t_init = t()
     res = optimise(ctx, g0, dual=False, steps=ctx.steps or DEFAULT_STEPS, time_budget_s=ctx.time_budget_s)
     info = {k: res[k] for k in RECORD}

@@ -27,6 +27,7 @@ from engine.align.common import (
     tick,
 )
 from engine.align.solvers import single_thread
+from engine.cancel import CancelToken
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import Progress, check_same_architecture
@@ -55,13 +56,16 @@ class Aligned:
 
 def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] | list[str] | None = (),
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
-          compare_one_sided: bool = True, in_place: bool = False) -> Aligned:
+          compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None) -> Aligned:
     """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model).
 
     in_place=True writes g.theta_B into B's own tensors (pair.model_b: `b` itself unless the norms were
     rewritten into a twin) instead of a copy, so a run holds no model beyond A, B and the path; the
     caller must have measured what it needs of the original B first (endpoint_check's `loss_b`).
-    Approximate classes keep the copy: their exactness check needs the original B.
+    Approximate classes keep the copy: their exactness check needs the original B. `progress` hears of
+    every layer or step of the method, and `cancel` (engine.cancel) stops it with Cancelled between
+    two; B is moved only after the method has finished, so a cancelled run leaves B computing what it
+    computed (its norms possibly folded).
     """
     t = tick()
     check_same_architecture(a, b)
@@ -71,7 +75,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
-                       compare_one_sided=compare_one_sided)
+                       compare_one_sided=compare_one_sided, cancel=cancel)
     out = METHODS[method].fn(ctx)
     if method == "naive":
         return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before)

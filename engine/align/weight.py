@@ -41,6 +41,7 @@ from engine.align.solvers import (
     residual_perm_of,
     single_thread,
 )
+from engine.cancel import CancelToken, check
 from engine.interpolate import Progress
 from engine.models.base import Arch, Params
 from engine.spec import Spec
@@ -275,7 +276,8 @@ def _moved(spec: Spec, mats: dict, p: Params, keys: list[str], wd: torch.dtype) 
     return {k: act(spec.params[k], mats, p[k].detach().to("cpu", wd)) for k in keys}
 
 
-def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64) -> tuple[Tensor, dict]:
+def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
+                     cancel: CancelToken | None = None) -> tuple[Tensor, dict]:
     """Omega from what no per-layer transform touches (MATH.md section 4; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
@@ -303,6 +305,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)
     best, best_q, seen, steps = O, -float("inf"), [], 0
     for steps in range(1, INIT_STEPS + 1):
+        check(cancel, f"weight matching, starting residual map step {steps}")
         Ow = O.to(wd)
         S1, S2 = torch.zeros(D, D, dtype=wd), torch.zeros(D, D, dtype=wd)
         for xa, xb in stacked or circuit_pairs():  # one term at a time: temporaries of D x D
@@ -328,8 +331,11 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
 
 
 def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = None,
-                 max_sweeps: int = MAX_SWEEPS, progress: Progress | None = None) -> tuple[GroupElement, dict]:
+                 max_sweeps: int = MAX_SWEEPS, progress: Progress | None = None,
+                 cancel: CancelToken | None = None) -> tuple[GroupElement, dict]:
     """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history.
+
+    `progress` hears of every layer of every sweep; `cancel` is checked before each (Cancelled).
 
     Streams: each sweep visits one block at a time, moving only that block's parameters of B (by the
     residual map for the per-layer problems, by the block's own transform for the residual fit); the
@@ -352,7 +358,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
     init: dict = {}
     O = torch.eye(D, dtype=F64)
     if res_kinds:
-        O, init = initial_residual(spec, pa, pb, perm_res, wd)
+        O, init = initial_residual(spec, pa, pb, perm_res, wd, cancel)
     init["seconds"] = t()
     history, prev, stop = [], None, "max_sweeps"
     g = identity(arch)
@@ -363,6 +369,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
         terms.sq, terms.rest = outer.sq, outer.rest
         layers = []
         for layer, keys in enumerate(block_keys):
+            check(cancel, f"weight matching, sweep {sweep + 1}, layer {layer + 1}/{arch.n_layers}")
             la = {k: pa[k].detach().to("cpu", wd) for k in keys}
             lb = _moved(spec, mats_o, pb, keys, wd)  # B's block seen through Omega
             hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
@@ -403,7 +410,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
 def align_weights(ctx: AlignContext) -> AlignOutput:
     """Data-free weight matching over ctx.classes (registry entry `weight`)."""
     t = tick()
-    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=ctx.progress)
+    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=ctx.progress, cancel=ctx.cancel)
     perm = residual_perm_of(g.residual)
     info |= {"seconds": t(), "residual_is_permutation": perm is not None}
     return AlignOutput(g, info)

@@ -1,0 +1,149 @@
+"""What a run is doing and how long it has left: its phases, progress within each, remaining time.
+
+The engine's loops report plain ticks, (done, total, message) (`Progress`).
+`engine.api.run_pair` runs in four phases,
+
+    load          both models read from disk                      ticks: models (2)
+    measure B     B's held-out loss before it is moved            ticks: evaluation batches
+    align         the aligner: weight-matching sweeps (a tick per layer), activation layers,
+                  learned / dual optimisation steps                ticks: layers or steps
+    interpolate   the path                                         ticks: grid points
+
+and `Phases` turns each phase's ticks into Updates for one callback, with the time the phase has
+left, estimated from its rate so far. A phase may make several passes (weight matching sweeps over
+every layer until nothing changes; learned matching first runs weight matching): a pass starts
+whenever `done` falls back or `total` changes, and the estimate covers the current pass.
+
+Before a run, `estimate_seconds` says about how long each phase will take from earlier result
+records of the same architecture (their `timings`), scaled by the evaluation size, the grid and the
+step budget: a simple rate model, good to a factor of the machine's load, not a promise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+PHASES = ("load", "measure B", "align", "interpolate")
+
+Progress = Callable[[int, int, str], None]  # a loop's tick: (done, total, message)
+
+
+@dataclass(frozen=True)
+class Update:
+    """One report of a run's progress: where it is and about how long the current pass has left."""
+
+    phase: str  # one of PHASES
+    done: int
+    total: int  # 0 while unknown
+    message: str
+    elapsed_s: float  # since the phase began
+    eta_s: float | None  # remaining time of the current pass at its rate so far; None before its first unit
+
+    @property
+    def fraction(self) -> float:
+        return min(1.0, self.done / self.total) if self.total > 0 else 0.0
+
+
+PhaseProgress = Callable[[Update], None]
+
+
+class Phases:
+    """Ticks of each phase -> Updates with a remaining-time estimate, for one callback (or none)."""
+
+    def __init__(self, callback: PhaseProgress | None, clock: Callable[[], float] = time.perf_counter):
+        self.callback, self.clock = callback, clock
+
+    def phase(self, name: str, total: int = 0, message: str = "") -> Progress:
+        """Announce phase `name` (an Update with nothing done) and return its tick callback."""
+        if name not in PHASES:
+            raise ValueError(f"Unknown phase {name!r}; the phases are {', '.join(PHASES)}.")
+        t0 = self.clock()
+        state = {"t_pass": t0, "t_last": t0, "done": 0, "total": total}
+
+        def tick(done: int, total: int, message: str) -> None:
+            now = self.clock()
+            if done < state["done"] or total != state["total"]:  # a new pass began after the last tick
+                state["t_pass"] = state["t_last"]
+            state.update(done=done, total=total, t_last=now)
+            eta = (now - state["t_pass"]) / done * max(0, total - done) if done > 0 else None
+            if self.callback:
+                self.callback(Update(name, done, total, message, now - t0, eta))
+
+        if self.callback:
+            self.callback(Update(name, 0, total, message, 0.0, None))
+        return tick
+
+
+# ---------------------------------------------------------------------------------------------
+# Before the run
+
+
+def record_items(rec: dict) -> int | None:
+    """Scored tokens (LM) or images (ViT) of a record's evaluation set."""
+    n = rec.get("eval_tokens", rec.get("eval_images"))
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
+                     refs: Iterable[dict]) -> dict[str, float | None]:
+    """About how long each phase of a run will take, from earlier records `refs` (best first).
+
+    The first record of the same architecture gives the evaluation rate (its path's seconds per
+    point per scored item) and the loading time; the first of the same architecture and method gives
+    the alignment time, scaled by the step budget for learned and dual matching. `steps` is the
+    run's budget (0 for methods without one). A phase no record can tell is None.
+    """
+    out: dict[str, float | None] = dict.fromkeys(PHASES)
+    same = [r for r in refs if r.get("arch") == arch and isinstance(r.get("timings"), dict)]
+    for r in same:
+        t, n, k = r["timings"], record_items(r), len(r.get("lambdas") or ())
+        if n and k and isinstance(t.get("interpolate"), (int, float)):
+            per_item_point = t["interpolate"] / (n * k)
+            out["interpolate"] = per_item_point * eval_size * points
+            out["measure B"] = 0.0 if method == "naive" else per_item_point * eval_size
+            out["load"] = float(t.get("load", 0.0))
+            break
+    if method == "naive":
+        out["align"] = 0.0
+    else:
+        for r in same:
+            t = r["timings"]
+            if r.get("method") != method or not isinstance(t.get("align"), (int, float)):
+                continue
+            ref_steps = (r.get("config") or {}).get("steps") or 0
+            scale = steps / ref_steps if steps and ref_steps else 1.0
+            out["align"] = t["align"] * scale
+            break
+    return out
+
+
+def remaining_seconds(current: Update | None, estimates: dict[str, float | None]) -> float | None:
+    """The run's remaining time: the current pass's estimate plus every later phase's, or None
+    when a part is unknown. (A weight-matching sweep may be followed by more: a lower bound there.)"""
+    if current is None:
+        parts = [estimates.get(p) for p in PHASES]
+    else:
+        later = PHASES[PHASES.index(current.phase) + 1:]
+        parts = [current.eta_s, *(estimates.get(p) for p in later)]
+    return None if any(p is None for p in parts) else float(sum(parts))
+
+
+def fmt_seconds(s: float) -> str:
+    """'8 s', '2 min 5 s', '1 h 3 min': a remaining time, rounded to what matters."""
+    s = max(0, round(s))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s < 600 else f"{round(s / 60)} min"
+    m = round(s / 60)
+    return f"{m // 60} h {m % 60} min"
+
+
+def relabel(progress: Progress | None, prefix: str = "", offset: int = 0, total: int | None = None) -> Progress | None:
+    """`progress` with every tick moved `offset` units on, out of `total` (default: the tick's own),
+    and its message prefixed: one loop reported as a stretch of a longer phase."""
+    if progress is None:
+        return None
+    return lambda done, tot, message: progress(offset + done, tot if total is None else total, prefix + message)
