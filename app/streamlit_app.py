@@ -15,17 +15,20 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app import sidebar
+from app import live_run, sidebar
 from engine.resources import return_freed_memory
 
 return_freed_memory()  # large freed tensors go back to the OS: live runs do not ratchet memory up
 
 st.set_page_config(page_title="LMC Explorer", page_icon="📈", layout="wide")
 
+connectivity = st.Page("app_pages/connectivity.py", title="Connectivity", icon=":material/show_chart:", default=True)
 page = st.navigation([
-    st.Page("app_pages/connectivity.py", title="Connectivity", icon=":material/show_chart:", default=True),
+    connectivity,
     st.Page("app_pages/alignment.py", title="Alignment", icon=":material/compare_arrows:"),
     st.Page("app_pages/symmetry.py", title="Symmetry", icon=":material/change_circle:"),
 ])
+if page.url_path != connectivity.url_path:  # nobody watches a live run from another page: stop it
+    live_run.stop(st.session_state, "stopped because its page was left")
 sidebar.render()
 page.run()

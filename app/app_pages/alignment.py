@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import figures, sidebar
+from app import downloads, figures, sidebar
 from engine import zoo
 from engine.align import CLASSES
 from engine.errors import LMCError
@@ -32,6 +32,7 @@ CLASS_INFO = {
     "residual_orth": "a rotation Ω of the whole residual stream (the norm gains are folded into the readers first)",
 }
 SIDES = {"relative": "g_A⁻¹ g_B: B moved onto A (what the path uses)", "a": "g_A: A's own transform"}
+charts = downloads.Charts("Alignment")  # every chart of this rerun, for the page's figure download
 
 
 @st.cache_data(show_spinner=False)
@@ -138,19 +139,19 @@ def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> No
     arch, layers = rec["arch"], element["layers"]
     st.markdown("**Matching cost per layer.** The normalised squared distance between A's and B's weights "
                 "(1: unrelated, 0: identical) before alignment and after the method moved B.")
-    st.plotly_chart(figures.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
-                                                 names.get(rec["method"], rec["method"])), key="cost_chart")
+    charts.show(figures.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
+                                              names.get(rec["method"], rec["method"])), key="cost_chart")
     st.markdown("**Head permutations, every layer.** A filled cell pairs A's head (row) with the B head "
                 "(column) it is interpolated with; the diagonal would mean no head moved."
                 + (" Outlined blocks are KV groups: query heads move only with their group." if
                    arch["n_kv_heads"] < arch["n_heads"] else ""))
-    st.plotly_chart(figures.head_permutations_overview([L["head_perm"] for L in layers], arch["n_kv_heads"], colour),
-                    key="heads_overview")
+    charts.show(figures.head_permutations_overview([L["head_perm"] for L in layers], arch["n_kv_heads"], colour),
+                 key="heads_overview")
     left, right = st.columns(2, gap="large")
     with left:
         st.markdown(f"**MLP neurons moved.** Share of the {arch['d_mlp']:,} hidden neurons per layer whose B "
                     "partner has another index.")
-        st.plotly_chart(figures.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
+        charts.show(figures.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
     with right:
         res = element.get("residual", {})
         fig = figures.residual_figure(res, colour)
@@ -159,7 +160,7 @@ def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> No
             st.caption("The identity: the residual stream was not aligned.")
         else:
             st.caption("|Ω| with A's coordinates on the rows; a permutation would be one cell per row.")
-            st.plotly_chart(fig, key="residual_map")
+            charts.show(fig, key="residual_map")
 
 
 def layer_detail(rec: dict, element: dict, colour: str) -> None:
@@ -168,30 +169,30 @@ def layer_detail(rec: dict, element: dict, colour: str) -> None:
     L = layers[i]
     left, right = st.columns(2, gap="large")
     with left:
-        st.plotly_chart(figures.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
-                                                        f"Head permutation, layer {i}"), key="head_perm")
+        charts.show(figures.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
+                                                     f"Head permutation, layer {i}"), key="head_perm")
     with right:
-        st.plotly_chart(figures.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
-                        key="mlp_perm")
+        charts.show(figures.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
+                     key="mlp_perm")
         st.caption(f"{100 * figures.moved_fraction(L['mlp_perm']):.0f} % of the {len(L['mlp_perm']):,} neurons moved.")
     st.markdown("**Within-head maps**")
     if "rope_scalars" in L:
         left, right = st.columns(2, gap="large")
         with left:
             z = L["rope_scalars"]
-            st.plotly_chart(figures.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
-                                                        f"Q/K: RoPE complex scalars, layer {i}"), key="rope_scalars")
+            charts.show(figures.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
+                                                     f"Q/K: RoPE complex scalars, layer {i}"), key="rope_scalars")
             st.caption("RoPE leaves the Q/K map one complex number z = r·e^{iφ} per frequency pair: q turns by φ "
                        "and scales by r, k turns by φ and scales by 1/r. r = 1, φ = 0 is no change.")
         with right:
             if L.get("vo_singular_values"):
-                st.plotly_chart(figures.singular_values_figure({"V/O map": L["vo_singular_values"]}),
-                                key="singular_values")
+                charts.show(figures.singular_values_figure({"V/O map": L["vo_singular_values"]}),
+                             key="singular_values")
                 st.caption("V/O may be any invertible map: its singular values say how far from a rotation it is "
                            "(all ones).")
     elif L.get("qk_singular_values") or L.get("vo_singular_values"):
         maps = {"Q/K map": L.get("qk_singular_values"), "V/O map": L.get("vo_singular_values")}
-        st.plotly_chart(figures.singular_values_figure(maps), key="singular_values")
+        charts.show(figures.singular_values_figure(maps), key="singular_values")
         st.caption("Without RoPE both maps may be any invertible d × d matrix (GL(d)); singular values all one "
                    "would be a rotation.")
     else:
@@ -208,16 +209,16 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
     if d.get("sweeps"):
         st.markdown(f"**Coordinate descent** stopped after {len(d['sweeps'])} sweeps: heads, within-head maps and "
                     "neurons per layer, then the residual map, until the permutations hold and the objective stalls.")
-        st.plotly_chart(figures.sweeps_figure(d["sweeps"], method), key="sweeps_chart")
+        charts.show(figures.sweeps_figure(d["sweeps"], method), key="sweeps_chart")
     if d.get("mlp_matched_correlation"):
         st.markdown(f"**Activation statistics** over {d.get('tokens', 0):,} tokens: the mean correlation of each "
                     "A neuron with the B neuron it was matched to.")
-        st.plotly_chart(figures.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
+        charts.show(figures.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
     if d.get("history"):
         st.markdown(f"**Optimisation** ({d.get('steps', '?')} steps, Adam on the transform's latents, the models "
                     f"frozen): the kept transform is the one with the best validation loss, step "
                     f"{d.get('best_step', '?')}, {d.get('best_val_midpoint_loss', float('nan')):.4f} {unit}.")
-        st.plotly_chart(figures.history_figure(d, method, unit, names), key="history_chart")
+        charts.show(figures.history_figure(d, method, unit, names), key="history_chart")
     ident = d.get("identity")
     if ident:
         st.markdown("**Dual / one-sided identity** (MATH.md section 4). Every action is linear and exact, so the "
@@ -273,3 +274,6 @@ else:
         layer_detail(rec, element, colour)
     with tab_opt:
         diagnostics(rec, names)
+    with st.expander("Export", icon=":material/download:"):
+        downloads.record_downloads(rec, key="align_export")
+        charts.download_button(key="align_figures")

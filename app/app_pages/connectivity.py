@@ -2,19 +2,20 @@
 
 Opens at once on the precomputed records in the cached_results/ store (every cached method of the
 pair overlaid); the Run button recomputes the path live on a small evaluation subset and draws it
-beside them. Nothing here touches torch: the engine returns result records, app.figures draws them.
+beside them. The live run works in a thread of its own (app.live_run): the page polls its progress,
+phase by phase with the time left, and Stop ends it. Every record, curve, group element and figure
+can be downloaded (app.exports). Nothing here touches torch: the engine returns result records,
+app.figures draws them.
 """
 
 from __future__ import annotations
 
-import time
 import warnings
 
 import streamlit as st
 
-from app import figures, sidebar
+from app import downloads, exports, figures, live_run, sidebar
 from engine import zoo
-from engine.api import run_pair
 from engine.errors import LMCError
 from engine.results import RunConfig, StoreWarning, cache_dir, cached_record, list_cached
 
@@ -67,28 +68,67 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
     )
 
 
-def run_live(sel: sidebar.Selection, eval_items: int | None) -> dict | None:
-    """One engine call with a progress bar; an LMCError becomes its one sentence in st.error."""
-    bar = st.progress(0, text="Loading and aligning the models…")
-    error = None
-    with st.status("Interpolating…", expanded=False) as status:
-        t0 = time.perf_counter()
+def references(live_runs: dict, cached: list[dict]) -> list[dict]:
+    """Records to estimate a run's time from, best first: this session's live runs (this machine,
+    newest first), then the pair's cached records."""
+    mine = [r for runs in live_runs.values() for r in runs.values()]
+    return sorted(mine, key=lambda r: r.get("created", ""), reverse=True) + list(cached)
 
-        def progress(done: int, total: int, message: str) -> None:
-            bar.progress(done / total, text=f"{done}/{total}: {message}")
 
-        try:
-            rec = run_pair(RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items), progress)
-        except LMCError as e:
-            error = str(e)
-            status.update(label="Run failed", state="error")
-        else:
-            status.write(rec["eval_set"])
-            status.update(label=f"Done in {time.perf_counter() - t0:.1f} s", state="complete")
-    if error:
-        st.error(error)
-        return None
-    return rec
+def collect(run: live_run.LiveRun | None, live_runs: dict) -> None:
+    """Keep a finished run's record with the session's live curves (once)."""
+    if run is None or run.collected:
+        return
+    snap = run.snapshot()
+    if snap.finished:
+        if snap.record is not None:
+            live_runs.setdefault((snap.cfg.model_a, snap.cfg.model_b), {})[snap.record["method"]] = snap.record
+        run.collected = True
+
+
+def live_panel() -> None:
+    """The session's run: a bar per phase with the time left, Stop while it runs, the outcome after.
+
+    Drawn as a fragment that reruns every live_run.POLL_S seconds while the run is going; when it
+    ends, the whole page reruns to draw the new curve."""
+    run = live_run.current(st.session_state)
+    if run is None:
+        return
+    snap = run.snapshot()
+    if snap.finished and not run.collected:
+        st.rerun()
+    cfg, names = snap.cfg, sidebar.methods()
+    state = {"done": "complete", "failed": "error"}.get(snap.state, "running" if not snap.finished else "complete")
+    with st.status(live_run.headline(snap), state=state, expanded=not snap.finished):
+        task = zoo.ENTRIES[cfg.model_a].task if cfg.model_a in zoo.ENTRIES else None
+        unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
+        st.caption(f"{names.get(cfg.method, cfg.method)}: `{zoo.display_name(cfg.model_a)}` / "
+                   f"`{zoo.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
+        for phase, fraction, text in live_run.phase_rows(snap):
+            st.progress(fraction, text=text)
+    if not snap.finished:
+        st.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
+                  icon=":material/stop_circle:", help="End the run within one layer, step or batch; nothing is kept.")
+    elif snap.state == "stopped":
+        st.warning(snap.message)
+    elif snap.state == "failed":
+        st.error(snap.message)
+
+
+def export_section(cached: list[dict], live: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
+    """Downloads: one record and its group element, every curve as CSV, every figure as HTML."""
+    curves = [(r, figures.curve_name(r, names), "cached") for r in cached] + \
+             [(r, figures.curve_name(r, names, live=True), "live") for r in live]
+    with st.expander("Export", icon=":material/download:"):
+        pick = st.selectbox("Record", range(len(curves)), format_func=lambda i: curves[i][1], key="export_pick")
+        downloads.record_downloads(curves[pick][0], key="export")
+        c1, c2 = st.columns(2)
+        pair = exports.stem(curves[0][0]).rsplit("__", 1)[0]
+        c1.download_button("Every curve (CSV)", exports.curves_csv(curves), f"{pair}__curves.csv", "text/csv",
+                           key="export_curves", on_click="ignore", icon=":material/download:",
+                           help="One row per point: method, curve, source, evaluation set, λ, loss, accuracy.")
+        with c2:
+            charts.download_button(key="export_figures")
 
 
 def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
@@ -134,6 +174,9 @@ if sel.model_a and sel.model_b:
                "same architecture, different random seeds for initialisation and data order.")
 names = sidebar.methods()
 live_runs = st.session_state.setdefault("live_runs", {})  # (model_a, model_b) -> {method: record}
+run = live_run.current(st.session_state)
+collect(run, live_runs)
+charts = downloads.Charts("Connectivity")
 
 try:
     cached = load_cached(sel)
@@ -150,15 +193,26 @@ left, right = st.columns([3, 1], gap="large")
 with right, st.container(border=True):
     st.markdown("**Recompute live**")
     eval_items = eval_items_picker(sel)
-    ready = bool(sel.model_a and sel.model_b)
+    cfg = None
+    if sel.model_a and sel.model_b:
+        try:
+            cfg = RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items)
+        except LMCError as e:
+            st.error(str(e))
+    ready = cfg is not None
+    estimates = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else {}
     clicked = st.button("Run", key="run", type="primary", disabled=not ready, width="stretch",
-                        help=f"Interpolate with {names.get(sel.method, sel.method)} on the chosen subset.")
-    if not ready:
+                        help=f"Interpolate with {names.get(sel.method, sel.method)} on the chosen subset; "
+                             "a run still going is stopped first.")
+    if not (sel.model_a and sel.model_b):
         st.caption("Enter both model directories in the sidebar.")
     if clicked:
-        rec = run_live(sel, eval_items)
-        if rec is not None:
-            live_runs.setdefault((sel.model_a, sel.model_b), {})[rec["method"]] = rec
+        run = live_run.start(st.session_state, cfg, estimates)
+    if ready and (run is None or not run.running):
+        st.caption(live_run.before_run(estimates, sel.method) or
+                   "No earlier run of this architecture and method to estimate the time from: the bars tell "
+                   "once it starts.")
+    st.fragment(live_panel, run_every=live_run.POLL_S if run is not None and run.running else None)()
     live = list(live_runs.get((sel.model_a, sel.model_b), {}).values())
     for rec in live:
         st.markdown(f"{figures.curve_name(rec, names, live=True)}: barrier **{rec['barrier']:.4f}**, "
@@ -166,13 +220,13 @@ with right, st.container(border=True):
 
 with left:
     if cached or live:
-        st.plotly_chart(figures.barrier_figure(cached, live, "Loss along the linear path", names),
-                        key="barrier_chart")
+        charts.show(figures.barrier_figure(cached, live, "Loss along the linear path", names), key="barrier_chart")
         if any(r.get("accuracy") for r in cached + live):
-            st.plotly_chart(figures.accuracy_figure(cached, live, "Accuracy along the linear path", names),
-                            key="accuracy_chart")
+            charts.show(figures.accuracy_figure(cached, live, "Accuracy along the linear path", names),
+                        key="accuracy_chart")
         if cached:
             st.caption(eval_caption(cached))
+        export_section(cached, live, names, charts)
 
 st.subheader("The model zoo")
 rows = zoo.manifest()

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import figures, sidebar
+from app import downloads, figures, sidebar
 from engine import zoo
 from engine.checks import EXACT_TOL
 from engine.errors import LMCError
 from engine.groups import group_dimension, sinusoidal_spectrum
 from engine.models.base import Arch
 from engine.report import symmetry_report
+
+charts = downloads.Charts("Symmetry")  # every chart of this rerun, for the page's figure download
 
 # Published shapes as HF config dicts: symmetry_report(..., dims_only=True) needs no weights.
 PRESETS = {
@@ -186,7 +188,7 @@ def checks_section(rep: dict) -> None:
                                 "exact (measured)": st.column_config.CheckboxColumn(),
                                 "transform": st.column_config.TextColumn(width="medium"),
                                 "note": st.column_config.TextColumn(width="large")})
-    st.plotly_chart(figures.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
+    charts.show(figures.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
 
 
 def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
@@ -204,15 +206,15 @@ def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
     c[3].metric("Total", f"{gd['total']:,}")
     left, right = st.columns(2, gap="large")
     with left:
-        st.plotly_chart(figures.group_dim_figure(gd["by_kind"]), key="dims_chart")
+        charts.show(figures.group_dim_figure(gd["by_kind"]), key="dims_chart")
     with right:
-        st.plotly_chart(figures.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
+        charts.show(figures.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
     for note in gd.get("notes", []):
         st.caption(f"Note: {note}.")
     st.markdown(f"**The same shape under each positional encoding.** RoPE shrinks the Q/K part from "
                 f"d² = {a['d_head'] ** 2:,} to d = {a['d_head']} per KV group; a sinusoidal table leaves only "
                 "the rotations fixing its row differences; a learned table adds a shift of the embeddings.")
-    st.plotly_chart(figures.pe_comparison_figure(by_pe), key="pe_chart")
+    charts.show(figures.pe_comparison_figure(by_pe), key="pe_chart")
 
 
 def rope_section(rep: dict) -> None:
@@ -223,7 +225,7 @@ def rope_section(rep: dict) -> None:
                 f"offset n; over a context of T = {a['n_ctx']:,} the worst case is what is drawn. Fast pairs "
                 "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost "
                 "GL(2) is *almost* a symmetry, an approximate symmetry an aligner could still exploit.")
-    st.plotly_chart(figures.rope_breaking_figure(rep["rope"]), key="rope_chart")
+    charts.show(figures.rope_breaking_figure(rep["rope"]), key="rope_chart")
 
 
 def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
@@ -237,7 +239,7 @@ def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
                 f"σ_max (condition number {s['condition']:.1e}), so many of those constraints are almost empty and "
                 "the remaining rotations are *nearly* symmetries. Residual alignment of a sinusoidal model is "
                 "therefore approximate; the endpoint check on the Alignment page reports by how much.")
-    st.plotly_chart(figures.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
+    charts.show(figures.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
 
 
 st.title("Symmetry")
@@ -259,3 +261,4 @@ if out:
         rope_section(rep)
     if out.get("spectrum"):
         sinusoidal_section(rep, out["spectrum"], out["by_pe"]["none"]["by_kind"]["residual_orth"])
+    charts.download_button(key="symmetry_figures")

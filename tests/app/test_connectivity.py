@@ -35,6 +35,13 @@ def page() -> AppTest:
     return AppTest.from_file(APP, default_timeout=TIMEOUT).run()
 
 
+def finish(at: AppTest) -> AppTest:
+    """Wait for the live run the last click started (it works in a thread), then rerun the page:
+    what the page's poll does in a browser."""
+    assert at.session_state["live_run"].join(TIMEOUT), "the live run did not end"
+    return at.run()
+
+
 def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     _, store = tiny_env
     at = page()
@@ -78,9 +85,9 @@ def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
     assert not at.get("plotly_chart")
     assert at.select_slider(key="eval_items_lm").value == 8192  # the interactive default
     at.select_slider(key="eval_items_lm").set_value(1024).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception
-    assert at.progress[0].value == 100
+    assert [p.value for p in at.progress] == [100, 100, 100]  # naive: load, align (nothing), path
     assert at.status[0].label.startswith("Done in")
     live = at.session_state["live_runs"][UNCACHED_PAIR]["naive"]
     assert live["eval_tokens"] == 1024 and live["model_a"] == UNCACHED_PAIR[0]
@@ -97,7 +104,7 @@ def test_live_run_with_the_picked_method_is_drawn_beside_the_cached_curves(tiny_
     assert at.selectbox(key="method").options == list(names.values())  # the picker is the registry
     at.selectbox(key="method").select("weight").run()
     at.select_slider(key="eval_items_lm").set_value(1024).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception
     live = at.session_state["live_runs"][CACHED_PAIRS[0]]["weight"]
     assert live["method"] == "weight" and live["eval_tokens"] == 1024
@@ -113,7 +120,7 @@ def test_run_on_an_unbuilt_zoo_shows_the_engines_sentence(monkeypatch, tmp_path)
     assert "Nothing is cached" in at.info[0].value
     assert "zoo is not built" in at.info[-1].value
     at.select_slider(key="eval_items_lm").set_value(1024).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception
     assert "is not built yet" in at.error[0].value
     assert at.status[0].label == "Run failed"
@@ -127,16 +134,16 @@ def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
     assert at.button(key="run").disabled  # nothing to run before both directories are given
     at.text_input(key="model_a_dir").input("/nonexistent/model").run()
     at.text_input(key="model_b_dir").input(str(zoo_dir / "lm-rope-s1")).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception
     assert "/nonexistent/model is neither a zoo model" in at.error[0].value
     at.text_input(key="model_a_dir").input(str(zoo_dir / "vit-learned-s0")).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception
     assert "differ" in at.error[0].value  # a ViT and an LM cannot be interpolated
     at.text_input(key="model_a_dir").input(str(zoo_dir / "lm-rope-s0")).run()
     at.select_slider(key="eval_items_custom").set_value(256).run()
-    at.button(key="run").click().run()
+    finish(at.button(key="run").click().run())
     assert not at.exception and not at.error
     assert list(curves(chart(at, "barrier_chart"))) == [f"{NAIVE}, live (256 tokens)"]
 

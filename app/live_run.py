@@ -1,0 +1,273 @@
+"""A live run the page can watch and stop: engine.api.run_pair in a worker thread.
+
+Streamlit runs the page script once per rerun, and a rerun must not block for the minutes a dual run
+takes. So the run lives in a worker thread held by the session (st.session_state[KEY]); the page
+polls it (a fragment rerun every POLL_S seconds while it runs) and draws its latest progress. The
+worker never touches streamlit: it writes its progress, result or error into the LiveRun under a
+lock, and the page reads a Snapshot.
+
+Stopping: the Stop button, a new run, leaving the page and the end of the session set the run's
+CancelToken (engine.cancel). The engine checks it before every layer, step, evaluation batch and
+grid point, so the worker ends, and the CPU falls idle, within one unit of work. A session counts
+as ended once streamlit has held it disconnected for SESSION_GRACE_S (a tab closed; a brief network
+drop reconnects to the same session and keeps its run).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
+
+from engine.cancel import CancelToken
+from engine.errors import Cancelled, LMCError
+from engine.models.base import Arch
+from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds
+from engine.results import RunConfig
+
+POLL_S = 0.5  # how often the page redraws a running run
+SESSION_GRACE_S = 30.0  # a session disconnected this long stops its run
+KEY = "live_run"  # where the session keeps its run
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[..., dict]  # run_pair(cfg, progress, cancel=token) -> record
+
+
+def _run_pair(cfg: RunConfig, progress, cancel: CancelToken) -> dict:
+    from engine import api  # looked up per call: tests may stand in for it
+
+    return api.run_pair(cfg, progress, cancel=cancel)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the page draws of a run at one moment (copied under the run's lock)."""
+
+    cfg: RunConfig
+    state: str  # "running" | "stopping" | "done" | "stopped" | "failed"
+    phases: dict[str, Update]  # latest update of every phase begun, in PHASES order
+    current: Update | None
+    estimates: dict[str, float | None]
+    elapsed_s: float
+    message: str = ""  # why it stopped or failed
+    record: dict | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("done", "stopped", "failed")
+
+
+@dataclass
+class LiveRun:
+    """One run_pair call in a daemon thread, with its token, latest progress and outcome."""
+
+    cfg: RunConfig
+    estimates: dict[str, float | None] = field(default_factory=dict)
+    run: Runner = _run_pair
+    alive: Callable[[], bool] | None = None  # is the owning session still connected?
+    clock: Callable[[], float] = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.token = CancelToken()
+        self.collected = False  # the page has stored the finished run's record
+        self._lock = threading.Lock()
+        self._phases: dict[str, Update] = {}
+        self._current: Update | None = None
+        self._state, self._message, self._record = "running", "", None
+        self._t0, self._t_end = self.clock(), None
+        self._gone_since: float | None = None
+        self._thread = threading.Thread(target=self._work, name="lmc-live-run", daemon=True)
+
+    def start(self) -> LiveRun:
+        self._t0 = self.clock()
+        self._thread.start()
+        return self
+
+    def stop(self, reason: str = "stopped on request") -> None:
+        """Ask the run to stop (from any thread); it ends within one unit of the engine's work."""
+        self.token.cancel(reason)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the worker; True once it has ended."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def snapshot(self) -> Snapshot:
+        with self._lock:
+            state = self._state
+            if state == "running" and self.token.cancelled:
+                state = "stopping"
+            end = self._t_end if self._t_end is not None else self.clock()
+            phases = {p: self._phases[p] for p in PHASES if p in self._phases}
+            return Snapshot(self.cfg, state, phases, self._current, dict(self.estimates), end - self._t0,
+                            self._message, self._record)
+
+    # the worker thread
+
+    def _progress(self, u: Update) -> None:
+        with self._lock:
+            self._phases[u.phase] = u
+            self._current = u
+        if self.alive is not None:  # the owning session's tab may be gone: then nobody waits for this run
+            now = self.clock()
+            if self.alive():
+                self._gone_since = None
+            elif self._gone_since is None:
+                self._gone_since = now
+            elif now - self._gone_since >= SESSION_GRACE_S:
+                self.token.cancel("stopped because its session ended")
+
+    def _work(self) -> None:
+        state, message, record = "failed", "", None
+        try:
+            record = self.run(self.cfg, self._progress, cancel=self.token)
+            state = "done"
+        except Cancelled as e:
+            state, message = "stopped", str(e)
+        except LMCError as e:
+            message = str(e)
+        except Exception as e:  # a bug, not a user error: keep the traceback in the server log
+            log.exception("live run failed")
+            message = f"The run failed unexpectedly ({type(e).__name__}: {e})."
+        finally:
+            with self._lock:
+                self._state, self._message, self._record = state, message, record
+                self._t_end = self.clock()
+
+
+# ---------------------------------------------------------------------------------------------
+# The session's run
+
+
+def session_alive() -> Callable[[], bool] | None:
+    """Whether the current streamlit session is still connected, as a function any thread may call;
+    None outside a served app (AppTest, bare scripts)."""
+    try:
+        from streamlit.runtime import Runtime
+        from streamlit.runtime.scriptrunner import get_script_run_ctx
+    except ImportError:
+        return None
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():
+        return None
+    runtime, session = Runtime.instance(), ctx.session_id
+    return lambda: runtime.is_active_session(session)
+
+
+def current(state: MutableMapping) -> LiveRun | None:
+    return state.get(KEY)
+
+
+def start(state: MutableMapping, cfg: RunConfig, estimates: dict[str, float | None] | None = None,
+          run: Runner = _run_pair) -> LiveRun:
+    """Start `cfg` as the session's run; a run still going is stopped first (one run per session)."""
+    stop(state, "stopped because a new run started")
+    live = LiveRun(cfg, dict(estimates or {}), run, alive=session_alive())
+    state[KEY] = live.start()
+    return live
+
+
+def stop(state: MutableMapping, reason: str = "stopped on request") -> bool:
+    """Stop the session's run if one is going; True if there was one."""
+    live = current(state)
+    if live is None or not live.running:
+        return False
+    live.stop(reason)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# What the page says about a run (pure: snapshot -> text)
+
+
+PHASE_LABELS = {"load": "Loading the models", "measure B": "Measuring B before it moves",
+                "align": "Aligning B onto A", "interpolate": "Walking the path"}
+
+
+def phases_of(method: str) -> tuple[str, ...]:
+    """The phases a run of `method` goes through (naive measures nothing before the path)."""
+    return tuple(p for p in PHASES if not (p == "measure B" and method == "naive"))
+
+
+def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
+    """(phase, fraction done, line of text) for every phase of the run, begun or not."""
+    rows = []
+    now = snap.current.phase if snap.current else None
+    for p in phases_of(snap.cfg.method):
+        label, u, est = PHASE_LABELS[p], snap.phases.get(p), snap.estimates.get(p)
+        if u is None:
+            rows.append((p, 0.0, f"{label}: about {fmt_seconds(est)}" if est is not None else f"{label}: to come"))
+        elif p != now or snap.state == "done":
+            rows.append((p, 1.0, f"{label}: done in {fmt_seconds(u.elapsed_s)}"))
+        elif snap.finished:
+            rows.append((p, u.fraction, f"{label}: {snap.state} at {u.message or 'its start'}"))
+        else:
+            left = f" · about {fmt_seconds(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
+                if u.eta_s is not None else ""
+            rows.append((p, u.fraction, f"{label}: {u.message or 'starting'}{left}"))
+    return rows
+
+
+def headline(snap: Snapshot) -> str:
+    """The run's one-line state: 'Running … about 40 s left', 'Done in 12 s', 'Stopped after 3 s'."""
+    took = fmt_seconds(snap.elapsed_s)
+    if snap.state == "running":
+        rest = remaining_seconds(snap.current, snap.estimates)
+        return f"Running for {took}" + (f", about {fmt_seconds(rest)} left" if rest is not None else "")
+    return {"stopping": "Stopping…", "done": f"Done in {took}", "stopped": f"Stopped after {took}",
+            "failed": "Run failed"}[snap.state]
+
+
+def before_run(estimates: dict[str, float | None], method: str) -> str | None:
+    """'About 1 min 5 s: …' for a run not started yet, or None when an earlier run cannot tell."""
+    parts = {p: estimates.get(p) for p in phases_of(method)}
+    if any(v is None for v in parts.values()):
+        return None
+    total = sum(parts.values())
+    detail = ", ".join(f"{PHASE_LABELS[p].lower()} {fmt_seconds(v)}" for p, v in parts.items())
+    return f"About {fmt_seconds(total)} ({detail}), at the pace of earlier runs of this architecture."
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimates before a run
+
+
+@functools.lru_cache(maxsize=64)
+def _arch(path: str, stamp: int) -> Arch:
+    from engine.resources import model_shape
+
+    return model_shape(path).arch
+
+
+@functools.lru_cache(maxsize=64)
+def eval_size(task: str, n_ctx: int, eval_items: int | None) -> int:
+    """Scored tokens (LM, byte-level windows of the test split) or images (ViT) of a live run."""
+    from engine.evaluate import DEFAULT_LM_CTX, lm_eval_set, vit_eval_set
+
+    if task == "vit":
+        return vit_eval_set("test", eval_items).size
+    return lm_eval_set("test", eval_items, n_ctx=min(n_ctx, DEFAULT_LM_CTX)).size
+
+
+def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | None]:
+    """About how long each phase of `cfg` takes, from earlier records `refs` (best first): None where
+    no record of the same architecture (and method) can tell, or the models cannot be read."""
+    from engine.align import METHODS
+    from engine.zoo import resolve
+
+    try:
+        path = resolve(cfg.model_a)
+        arch = _arch(str(path), (path / "config.json").stat().st_mtime_ns)
+        size = eval_size(arch.task, arch.n_ctx, cfg.eval_items)
+    except (LMCError, OSError):
+        return dict.fromkeys(PHASES)
+    steps = cfg.steps or (METHODS[cfg.method].default_steps if cfg.method in METHODS else 0)
+    return estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs)

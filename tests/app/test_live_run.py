@@ -1,0 +1,255 @@
+"""Live runs: the worker thread and its token (app.live_run), and the Connectivity page's Run / Stop
+controls under AppTest on the tiny stand-in zoo (tiny_zoo.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
+
+from app import live_run
+from engine.errors import DataError
+from engine.progress import PHASES, Update
+from engine.results import RunConfig
+
+APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
+TIMEOUT = 60
+STOP_S = 2.0  # a stopped run must end within this (one evaluation batch of the tiny models is far less)
+
+
+def key(pair) -> str:
+    return f"{pair[0]}__{pair[1]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# LiveRun with stand-in engines: the thread, the token, the outcome
+
+
+def engine_until_stopped(ticks: list):
+    """A stand-in run_pair: reports align ticks until its token is set, as the engine does."""
+
+    def run(cfg, progress, cancel):
+        progress(Update("load", 2, 2, "model B", 0.1, 0.0))
+        step = 0
+        while True:
+            step += 1
+            cancel.check(f"step {step}")
+            progress(Update("align", step, 10**6, f"step {step}", 0.01 * step, 1.0))
+            ticks.append(step)
+            time.sleep(0.002)
+
+    return run
+
+
+def test_stop_ends_the_worker_and_the_snapshot_says_where():
+    ticks = []
+    run = live_run.LiveRun(RunConfig("a", "b", "dual"), run=engine_until_stopped(ticks)).start()
+    while len(ticks) < 3:
+        time.sleep(0.001)
+    assert run.running and run.snapshot().state == "running"
+    run.stop()
+    assert run.join(STOP_S)
+    snap = run.snapshot()
+    assert snap.state == "stopped" and snap.finished and snap.record is None
+    assert snap.message.startswith("The run was stopped on request during step ")
+    assert snap.current.phase == "align" and list(snap.phases) == ["load", "align"]
+    n = len(ticks)
+    time.sleep(0.05)
+    assert len(ticks) == n  # nothing runs after the stop
+
+
+def test_outcomes_done_failed_and_unexpected():
+    done = live_run.LiveRun(RunConfig("a", "b"), run=lambda cfg, progress, cancel: {"method": "naive"}).start()
+    assert done.join(TIMEOUT) and done.snapshot().state == "done" and done.snapshot().record == {"method": "naive"}
+
+    def bad_input(cfg, progress, cancel):
+        raise DataError("The evaluation set is empty.")
+
+    failed = live_run.LiveRun(RunConfig("a", "b"), run=bad_input).start()
+    assert failed.join(TIMEOUT)
+    assert (failed.snapshot().state, failed.snapshot().message) == ("failed", "The evaluation set is empty.")
+
+    def bug(cfg, progress, cancel):
+        raise ZeroDivisionError("division by zero")
+
+    crashed = live_run.LiveRun(RunConfig("a", "b"), run=bug).start()
+    assert crashed.join(TIMEOUT)
+    assert crashed.snapshot().message == "The run failed unexpectedly (ZeroDivisionError: division by zero)."
+
+
+def test_a_session_gone_longer_than_the_grace_stops_its_run():
+    now = [0.0]
+    alive = [True]
+    stepped, proceed = threading.Event(), threading.Event()
+
+    def run(cfg, progress, cancel):
+        for step in range(1, 10):
+            cancel.check(f"step {step}")
+            progress(Update("align", step, 9, f"step {step}", 0.0, None))
+            stepped.set()
+            proceed.wait(TIMEOUT)
+            proceed.clear()
+        return {}
+
+    r = live_run.LiveRun(RunConfig("a", "b"), run=run, alive=lambda: alive[0], clock=lambda: now[0]).start()
+
+    def reported() -> None:  # the worker has reported its next step and waits
+        assert stepped.wait(TIMEOUT)
+        stepped.clear()
+
+    reported()  # step 1, connected
+    alive[0], now[0] = False, 5.0
+    proceed.set()
+    reported()  # step 2: disconnected since 5 s
+    now[0] = 5.0 + live_run.SESSION_GRACE_S - 1
+    proceed.set()
+    reported()  # step 3: not long enough
+    assert not r.token.cancelled
+    now[0] = 5.0 + live_run.SESSION_GRACE_S
+    proceed.set()
+    reported()  # step 4 finds the grace spent and sets the token
+    assert r.token.cancelled
+    proceed.set()
+    assert r.join(TIMEOUT)
+    assert r.snapshot().message == "The run was stopped because its session ended during step 5."
+
+
+def test_starting_a_run_stops_the_one_going():
+    state: dict = {}
+    ticks = []
+    first = live_run.start(state, RunConfig("a", "b", "dual"), run=engine_until_stopped(ticks))
+    while not ticks:
+        time.sleep(0.001)
+    second = live_run.start(state, RunConfig("a", "b", "weight"), run=engine_until_stopped([]))
+    assert first.join(STOP_S) and first.snapshot().message.startswith("The run was stopped because a new run started")
+    assert live_run.current(state) is second and second.running
+    assert live_run.stop(state) and second.join(STOP_S)
+    assert not live_run.stop(state)  # nothing left to stop
+
+
+def test_phase_rows_and_headline_read_the_snapshot():
+    cfg = RunConfig("a", "b", "weight")
+    est = {"load": 1.0, "measure B": 2.0, "align": 30.0, "interpolate": 12.0}
+    phases = {"load": Update("load", 2, 2, "model B", 0.4, 0.0),
+              "measure B": Update("measure B", 1, 1, "batch 1/1", 2.2, 0.0),
+              "align": Update("align", 2, 4, "sweep 3: layer 2/4", 1.5, 1.5)}
+    snap = live_run.Snapshot(cfg, "running", phases, phases["align"], est, 4.1)
+    assert live_run.phase_rows(snap) == [
+        ("load", 1.0, "Loading the models: done in 0 s"),
+        ("measure B", 1.0, "Measuring B before it moves: done in 2 s"),
+        ("align", 0.5, "Aligning B onto A: sweep 3: layer 2/4 · about 2 s left in this sweep"),
+        ("interpolate", 0.0, "Walking the path: about 12 s"),
+    ]
+    assert live_run.headline(snap) == "Running for 4 s, about 14 s left"
+    stopped = live_run.Snapshot(cfg, "stopped", phases, phases["align"], est, 4.6, "The run was stopped …")
+    assert live_run.phase_rows(stopped)[2] == ("align", 0.5, "Aligning B onto A: stopped at sweep 3: layer 2/4")
+    assert live_run.headline(stopped) == "Stopped after 5 s"
+    assert live_run.before_run(est, "weight") == ("About 45 s (loading the models 1 s, measuring b before it moves "
+                                                  "2 s, aligning b onto a 30 s, walking the path 12 s), at the pace "
+                                                  "of earlier runs of this architecture.")
+    assert live_run.before_run({**est, "align": None}, "weight") is None
+    assert [r[0] for r in live_run.phase_rows(live_run.Snapshot(RunConfig("a", "b"), "running", {}, None, {}, 0))] \
+        == ["load", "align", "interpolate"]  # naive measures nothing before the path
+
+
+# ---------------------------------------------------------------------------------------------
+# The page
+
+
+@pytest.fixture
+def at(tiny_env):
+    t = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    yield t
+    try:
+        run = t.session_state["live_run"]
+    except KeyError:
+        return
+    run.stop()  # never leave a worker behind
+    run.join(TIMEOUT)
+
+
+def wait_for(run: live_run.LiveRun, phase: str, done: int = 1) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        u = run.snapshot().phases.get(phase)
+        if u is not None and u.done >= done:
+            return
+        assert run.running, run.snapshot().message
+        time.sleep(0.01)
+    raise AssertionError(f"the run did not reach {phase}")
+
+
+def start_long_run(at: AppTest) -> live_run.LiveRun:
+    """Weight matching on the uncached tiny pair: random weights take many sweeps, seconds of work."""
+    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    at.selectbox(key="method").select("weight").run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    return at.session_state["live_run"]
+
+
+def test_stop_button_ends_the_run_and_the_page_says_it_stopped(at):
+    run = start_long_run(at)
+    assert at.button(key="stop").label == "Stop"
+    assert at.status[0].label.startswith("Running for")
+    wait_for(run, "align")
+    at.run()  # the page's poll: a bar per phase, the aligner's with the time its sweep has left
+    texts = [p.proto.text for p in at.progress]
+    assert texts[0].startswith("Loading the models: done in")
+    assert texts[1].startswith("Measuring B before it moves: done in")
+    assert texts[2].startswith("Aligning B onto A: sweep ") and texts[2].endswith(" left in this sweep")
+    assert texts[3] == "Walking the path: to come"  # no earlier run of this pair to estimate it from
+    t0 = time.monotonic()
+    at.button(key="stop").click().run()
+    assert run.join(STOP_S), "the run went on after Stop"
+    assert time.monotonic() - t0 < STOP_S + 1
+    at.run()
+    assert not at.exception
+    assert at.status[0].label.startswith("Stopped after")
+    assert at.warning[0].value.startswith("The run was stopped on request during weight matching, sweep ")
+    assert "stop" not in [b.key for b in at.button]
+    assert UNCACHED_PAIR not in at.session_state["live_runs"]  # a stopped run leaves no curve
+    assert not at.get("plotly_chart")
+
+
+def test_a_new_run_stops_the_one_going(at):
+    first = start_long_run(at)
+    wait_for(first, "load", 2)
+    at.selectbox(key="method").select("naive").run()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    assert first.running  # changing the pickers leaves the run alone
+    at.button(key="run").click().run()
+    second = at.session_state["live_run"]
+    assert second is not first
+    assert first.join(STOP_S)
+    assert first.snapshot().message.startswith("The run was stopped because a new run started during")
+    assert second.join(TIMEOUT) and second.snapshot().state == "done"
+    at.run()
+    assert list(at.session_state["live_runs"][UNCACHED_PAIR]) == ["naive"]  # the stopped run left no curve
+    assert at.session_state["live_runs"][UNCACHED_PAIR]["naive"]["eval_tokens"] == 1024
+
+
+def test_leaving_the_page_stops_the_run(at):
+    run = start_long_run(at)
+    wait_for(run, "load", 2)
+    at.switch_page("app_pages/symmetry.py").run()
+    assert run.join(STOP_S)
+    assert run.snapshot().message.startswith("The run was stopped because its page was left during")
+
+
+def test_the_time_a_run_takes_is_said_before_it_starts(at):
+    # the cached pair's records carry their timings: the estimate scales them to the chosen subset
+    at.selectbox(key="method").select("weight").run()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    assert any(c.value.startswith("About ") and "aligning b onto a" in c.value for c in at.caption)
+    at.selectbox(key="method").select("dual").run()  # no cached dual record of this architecture
+    assert any(c.value.startswith("No earlier run of this architecture and method") for c in at.caption)
+    assert key(CACHED_PAIRS[0]) == at.selectbox(key="pair").value
+
+
+def test_every_engine_phase_has_a_label():
+    assert tuple(live_run.PHASE_LABELS) == PHASES
