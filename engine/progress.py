@@ -86,17 +86,26 @@ def record_items(rec: dict) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
+def same_arch(a: dict | None, b: dict) -> bool:
+    """Whether a record's architecture is `b`, on the fields both know (records written before a field
+    was added to Arch lack it)."""
+    if not isinstance(a, dict):
+        return False
+    common = a.keys() & b.keys()
+    return bool(common) and all(a[k] == b[k] for k in common)
+
+
 def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
                      refs: Iterable[dict]) -> dict[str, float | None]:
     """About how long each phase of a run will take, from earlier records `refs` (best first).
 
-    The first record of the same architecture gives the evaluation rate (its path's seconds per
+    The first record of the same architecture (`same_arch`) gives the evaluation rate (its path's seconds per
     point per scored item) and the loading time; the first of the same architecture and method gives
     the alignment time, scaled by the step budget for learned and dual matching. `steps` is the
     run's budget (0 for methods without one). A phase no record can tell is None.
     """
     out: dict[str, float | None] = dict.fromkeys(PHASES)
-    same = [r for r in refs if r.get("arch") == arch and isinstance(r.get("timings"), dict)]
+    same = [r for r in refs if same_arch(r.get("arch"), arch) and isinstance(r.get("timings"), dict)]
     for r in same:
         t, n, k = r["timings"], record_items(r), len(r.get("lambdas") or ())
         if n and k and isinstance(t.get("interpolate"), (int, float)):
@@ -120,13 +129,19 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
 
 
 def remaining_seconds(current: Update | None, estimates: dict[str, float | None]) -> float | None:
-    """The run's remaining time: the current pass's estimate plus every later phase's, or None
-    when a part is unknown. (A weight-matching sweep may be followed by more: a lower bound there.)"""
+    """The run's remaining time, or None when a part is unknown: what is left of the current phase
+    plus every later phase's estimate. The current phase has left the larger of its current pass's
+    estimate and its own estimate minus the time it has run (a phase of several passes, such as
+    learned matching after its weight-matching start, is longer than its current pass)."""
     if current is None:
         parts = [estimates.get(p) for p in PHASES]
     else:
+        now = current.eta_s
+        whole = estimates.get(current.phase)
+        if whole is not None:
+            now = max(now or 0.0, whole - current.elapsed_s)
         later = PHASES[PHASES.index(current.phase) + 1:]
-        parts = [current.eta_s, *(estimates.get(p) for p in later)]
+        parts = [now, *(estimates.get(p) for p in later)]
     return None if any(p is None for p in parts) else float(sum(parts))
 
 
@@ -136,7 +151,7 @@ def fmt_seconds(s: float) -> str:
     if s < 60:
         return f"{s} s"
     if s < 3600:
-        return f"{s // 60} min {s % 60} s" if s < 600 else f"{round(s / 60)} min"
+        return f"{s // 60} min {s % 60} s" if s < 600 and s % 60 else f"{round(s / 60)} min"
     m = round(s / 60)
     return f"{m // 60} h {m % 60} min"
 

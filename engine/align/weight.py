@@ -277,7 +277,7 @@ def _moved(spec: Spec, mats: dict, p: Params, keys: list[str], wd: torch.dtype) 
 
 
 def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
-                     cancel: CancelToken | None = None) -> tuple[Tensor, dict]:
+                     progress: Progress | None = None, cancel: CancelToken | None = None) -> tuple[Tensor, dict]:
     """Omega from what no per-layer transform touches (MATH.md section 4; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
@@ -313,6 +313,8 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             S2 += xb.mT @ Ow @ xa
         S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
         q = float((O * lin.M).sum() + (O * S1).sum())
+        if progress:
+            progress(steps, INIT_STEPS, f"starting residual map, step {steps} (of at most {INIT_STEPS})")
         if q > best_q:
             gain, best, best_q = q - best_q, O, q
         else:
@@ -335,7 +337,8 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
                  cancel: CancelToken | None = None) -> tuple[GroupElement, dict]:
     """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history.
 
-    `progress` hears of every layer of every sweep; `cancel` is checked before each (Cancelled).
+    `progress` hears of every step of the starting residual fit and every layer of every sweep;
+    `cancel` is checked before each (Cancelled).
 
     Streams: each sweep visits one block at a time, moving only that block's parameters of B (by the
     residual map for the per-layer problems, by the block's own transform for the residual fit); the
@@ -358,7 +361,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
     init: dict = {}
     O = torch.eye(D, dtype=F64)
     if res_kinds:
-        O, init = initial_residual(spec, pa, pb, perm_res, wd, cancel)
+        O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel)
     init["seconds"] = t()
     history, prev, stop = [], None, "max_sweeps"
     g = identity(arch)

@@ -144,12 +144,12 @@ def test_phase_rows_and_headline_read_the_snapshot():
         ("align", 0.5, "Aligning B onto A: sweep 3: layer 2/4 · about 2 s left in this sweep"),
         ("interpolate", 0.0, "Walking the path: about 12 s"),
     ]
-    assert live_run.headline(snap) == "Running for 4 s, about 14 s left"
+    assert live_run.headline(snap) == "Running for 4 s, about 40 s left"  # align 30 s, 1.5 s in; path 12 s
     stopped = live_run.Snapshot(cfg, "stopped", phases, phases["align"], est, 4.6, "The run was stopped …")
     assert live_run.phase_rows(stopped)[2] == ("align", 0.5, "Aligning B onto A: stopped at sweep 3: layer 2/4")
     assert live_run.headline(stopped) == "Stopped after 5 s"
-    assert live_run.before_run(est, "weight") == ("About 45 s (loading the models 1 s, measuring b before it moves "
-                                                  "2 s, aligning b onto a 30 s, walking the path 12 s), at the pace "
+    assert live_run.before_run(est, "weight") == ("About 45 s (loading the models 1 s, measuring B before it moves "
+                                                  "2 s, aligning B onto A 30 s, walking the path 12 s), at the pace "
                                                   "of earlier runs of this architecture.")
     assert live_run.before_run({**est, "align": None}, "weight") is None
     assert [r[0] for r in live_run.phase_rows(live_run.Snapshot(RunConfig("a", "b"), "running", {}, None, {}, 0))] \
@@ -172,11 +172,12 @@ def at(tiny_env):
     run.join(TIMEOUT)
 
 
-def wait_for(run: live_run.LiveRun, phase: str, done: int = 1) -> None:
+def wait_for(run: live_run.LiveRun, phase: str, done: int = 1, says: str = "") -> None:
+    """Until the run's `phase` has done `done` units, its last message containing `says`."""
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         u = run.snapshot().phases.get(phase)
-        if u is not None and u.done >= done:
+        if u is not None and u.done >= done and says in u.message:
             return
         assert run.running, run.snapshot().message
         time.sleep(0.01)
@@ -196,7 +197,7 @@ def test_stop_button_ends_the_run_and_the_page_says_it_stopped(at):
     run = start_long_run(at)
     assert at.button(key="stop").label == "Stop"
     assert at.status[0].label.startswith("Running for")
-    wait_for(run, "align")
+    wait_for(run, "align", says="sweep")
     at.run()  # the page's poll: a bar per phase, the aligner's with the time its sweep has left
     texts = [p.proto.text for p in at.progress]
     assert texts[0].startswith("Loading the models: done in")
@@ -245,7 +246,7 @@ def test_the_time_a_run_takes_is_said_before_it_starts(at):
     # the cached pair's records carry their timings: the estimate scales them to the chosen subset
     at.selectbox(key="method").select("weight").run()
     at.select_slider(key="eval_items_lm").set_value(1024).run()
-    assert any(c.value.startswith("About ") and "aligning b onto a" in c.value for c in at.caption)
+    assert any(c.value.startswith("About ") and "aligning B onto A" in c.value for c in at.caption)
     at.selectbox(key="method").select("dual").run()  # no cached dual record of this architecture
     assert any(c.value.startswith("No earlier run of this architecture and method") for c in at.caption)
     assert key(CACHED_PAIRS[0]) == at.selectbox(key="pair").value

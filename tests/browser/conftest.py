@@ -52,7 +52,13 @@ def _store_env(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def streamlit_url(tmp_path_factory):
+def streamlit_url(streamlit_server) -> str:
+    return streamlit_server[0]
+
+
+@pytest.fixture(scope="session")
+def streamlit_server(tmp_path_factory):
+    """(url, process) of the app served for the session."""
     port = _free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
     env = {**os.environ, **_store_env(tmp_path_factory)}
@@ -79,7 +85,7 @@ def streamlit_url(tmp_path_factory):
             os.killpg(proc.pid, signal.SIGKILL)
             raise RuntimeError(f"streamlit not healthy in 60 s:\n{log_path.read_text()}")
         time.sleep(0.2)
-    yield url
+    yield url, proc
     os.killpg(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=10)

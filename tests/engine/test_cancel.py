@@ -67,7 +67,7 @@ def test_a_token_is_a_one_way_switch_and_names_where_the_run_stopped():
 def test_cancelled_weight_matching_stops_before_the_next_layer():
     p, kinds = pair()
     token = CancelToken()
-    stop = StopAfter(token)
+    stop = StopAfter(token, match="sweep")
     with pytest.raises(Cancelled, match=r"weight matching, sweep 1, layer 2/2"):
         weight_match(p, kinds, progress=stop, cancel=token)
     assert stop.ticks == [(1, 2, "sweep 1: layer 1/2")] and stop.after == 0
@@ -76,19 +76,20 @@ def test_cancelled_weight_matching_stops_before_the_next_layer():
 def test_cancelled_weight_matching_in_a_later_sweep():
     p, kinds = pair()  # the residual map makes it sweep again (a single sweep would return, not raise)
     token = CancelToken()
-    stop = StopAfter(token, first=3)  # sweep 2, layer 1 of 2
+    stop = StopAfter(token, first=3, match="sweep")  # sweep 2, layer 1 of 2
     with pytest.raises(Cancelled, match=r"sweep 2, layer 2/2"):
         weight_match(p, kinds, progress=stop, cancel=token)
     assert stop.ticks[-1] == (1, 2, "sweep 2: layer 1/2") and stop.after == 0
 
 
-def test_a_set_token_stops_weight_matching_before_its_starting_residual_fit():
+def test_cancelled_starting_residual_fit_stops_before_its_next_step():
     p, kinds = pair()
     assert "residual_orth" in kinds
     token = CancelToken()
-    token.cancel()
-    with pytest.raises(Cancelled, match=r"starting residual map step 1"):
-        weight_match(p, kinds, cancel=token)
+    stop = StopAfter(token)
+    with pytest.raises(Cancelled, match=r"starting residual map step 2"):
+        weight_match(p, kinds, progress=stop, cancel=token)
+    assert stop.ticks == [(1, 50, "starting residual map, step 1 (of at most 50)")]
 
 
 @pytest.mark.parametrize("method", ["learned", "dual"])
@@ -155,9 +156,12 @@ def test_run_pair_reports_every_phase_in_order_with_a_remaining_time(model_dirs)
     by_phase = {ph: [u for u in seen if u.phase == ph] for ph in PHASES}
     assert [(u.done, u.total) for u in by_phase["load"]] == [(0, 2), (1, 2), (2, 2)]
     assert [(u.done, u.total) for u in by_phase["interpolate"]] == [(0, 3), (1, 3), (2, 3), (3, 3)]
-    sweeps = len(rec["alignment"]["diagnostics"]["sweeps"])
-    assert len(by_phase["align"]) == 1 + sweeps * 2  # announced, then a tick per layer per sweep
-    assert [u.message for u in by_phase["align"][1:3]] == ["sweep 1: layer 1/2", "sweep 1: layer 2/2"]
+    diag = rec["alignment"]["diagnostics"]
+    start = [u for u in by_phase["align"] if u.message.startswith("starting residual map")]
+    layers = [u for u in by_phase["align"] if u.message.startswith("sweep")]
+    assert len(by_phase["align"]) == 1 + len(start) + len(layers)  # announced, then its ticks
+    assert len(start) == diag["initial_residual"]["steps"] and len(layers) == 2 * len(diag["sweeps"])
+    assert [u.message for u in layers[:2]] == ["sweep 1: layer 1/2", "sweep 1: layer 2/2"]
     for u in seen:
         assert (u.eta_s is None) == (u.done == 0)
         if u.total and u.done == u.total:
@@ -257,15 +261,22 @@ def test_estimates_scale_earlier_records_by_items_points_and_steps():
     assert naive["align"] == 0.0 and naive["measure B"] == 0.0
     unknown = estimate_seconds("activation", {"d_model": 8}, 500, 11, 0, refs)
     assert set(unknown.values()) == {None}
+    newer = estimate_seconds("weight", {**arch, "parallel_residual": False}, 500, 11, 0, refs)
+    assert newer == weight  # a record written before Arch had a field still counts
     assert remaining_seconds(None, est) == pytest.approx(sum(est.values()))
-    now = Update("align", 10, 100, "", 3.0, 7.0)
-    assert remaining_seconds(now, est) == pytest.approx(7.0 + est["interpolate"])
+    now = Update("align", 10, 100, "", 3.0, 7.0)  # 3 s into an align phase estimated at 30 s
+    assert remaining_seconds(now, est) == pytest.approx(est["align"] - 3.0 + est["interpolate"])
+    late = Update("align", 90, 100, "", 40.0, 2.0)  # past the estimate: the pass's own rate
+    assert remaining_seconds(late, est) == pytest.approx(2.0 + est["interpolate"])
+    unknown_align = {**est, "align": None}
+    assert remaining_seconds(now, unknown_align) == pytest.approx(7.0 + est["interpolate"])
+    assert remaining_seconds(Update("align", 0, 0, "", 0.1, None), unknown_align) is None
     assert remaining_seconds(None, unknown) is None
 
 
 def test_remaining_times_read_well():
     assert [fmt_seconds(s) for s in (0.4, 8, 59.6, 125, 610, 3600 + 29 * 60 + 50)] == [
-        "0 s", "8 s", "1 min 0 s", "2 min 5 s", "10 min", "1 h 30 min"]
+        "0 s", "8 s", "1 min", "2 min 5 s", "10 min", "1 h 30 min"]
 
 
 def test_the_cli_draws_one_bar_per_phase(monkeypatch):
