@@ -232,7 +232,8 @@ def before_run(estimates: dict[str, float | None], method: str) -> str | None:
     if any(v is None for v in parts.values()):
         return None
     total = sum(parts.values())
-    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {fmt_seconds(v)}" for p, v in parts.items())
+    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {fmt_seconds(v)}"
+                       for p, v in parts.items() if v > 0)  # naive aligns nothing: no "0 s" for it
     return f"About {fmt_seconds(total)} ({detail}), at the pace of earlier runs of this architecture."
 
 
