@@ -104,7 +104,7 @@ def live_panel() -> None:
         unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
         st.caption(f"{names.get(cfg.method, cfg.method)}: `{zoo.display_name(cfg.model_a)}` / "
                    f"`{zoo.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
-        for phase, fraction, text in live_run.phase_rows(snap):
+        for _, fraction, text in live_run.phase_rows(snap):
             st.progress(fraction, text=text)
     if not snap.finished:
         st.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
