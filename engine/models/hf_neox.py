@@ -41,17 +41,12 @@ MODEL_TYPE = "gpt_neox"
 DISPLAY = "GPT-NeoX / Pythia (Hugging Face transformers)"
 
 
-def _rope_parameters(config: GPTNeoXConfig) -> dict:
-    rp = getattr(config, "rope_parameters", None) or {}
-    return rp if isinstance(rp, dict) else dict(rp)
-
-
 def arch(config: GPTNeoXConfig, source: str = "GPT-NeoX config") -> Arch:
     """The architecture summary; refuses GPT-NeoX options the canonical layout cannot express."""
     def refuse(option: str, why: str) -> None:
         raise ModelError(f"{source} uses {option}, which the engine does not support ({why}).")
 
-    rp = _rope_parameters(config)
+    rp = nat.rope_parameters(config)
     if rp.get("rope_type", "default") != "default":
         refuse(f"rope_type={rp['rope_type']!r}", "RoPE frequency scaling; only standard RoPE is supported")
     if config.hidden_act not in ACTIVATIONS:

@@ -36,6 +36,12 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
+def rope_parameters(config) -> dict:
+    """An HF config's RoPE settings as a dict (transformers keeps them in `rope_parameters`)."""
+    rp = getattr(config, "rope_parameters", None) or {}
+    return rp if isinstance(rp, dict) else dict(rp)
+
+
 # ---------------------------------------------------------------------------------------------
 # Head splitting. Native projections are one matrix per role; canonical ones are [heads, ...].
 
