@@ -193,6 +193,13 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
         f = (P_A - P_B @ A).square().sum((-2, -1))
         return f + (Q_A - Q_B @ torch.linalg.inv(A).mT).square().sum((-2, -1))
 
+    c0 = (P_A.square().sum((-2, -1)) + Q_A.square().sum((-2, -1)))  # [n]
+
+    def gram_objective(A: Tensor) -> Tensor:  # [n], from the d x d Gram matrices: cheap, for ranking
+        B = torch.linalg.inv(A).mT
+        return (c0 - 2 * (A * g["pa"]).sum((-2, -1)) + (A * (g["pp"] @ A)).sum((-2, -1))
+                - 2 * (B * g["qa"]).sum((-2, -1)) + (B * (g["qq"] @ B)).sum((-2, -1)))
+
     eye = torch.eye(d, dtype=F64).expand(n, d, d)
     vals = []
     for c in cands:
@@ -200,7 +207,7 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
         c = torch.where(good[:, None, None], c, eye)
         good &= torch.linalg.cond(c) < 1e8
         c = torch.where(good[:, None, None], c, eye)  # [n, d, d]
-        vals.append(per_stack(c))
+        vals.append(gram_objective(c))
     pick = torch.stack(vals).argmin(0)  # [n]
     A0 = torch.stack([cands[int(k)][i] for i, k in enumerate(pick)])  # [n, d, d]
     A0 = torch.where(torch.isfinite(A0).all((-2, -1))[:, None, None], A0, eye)
@@ -211,7 +218,7 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
     # in the balanced coordinates A = S X, where P_B S and Q_B S^{-T} have the same Gram matrix
     g = {"pp": S.mT @ g["pp"] @ S, "pa": S.mT @ g["pa"], "qq": S_inv @ g["qq"] @ S_inv.mT, "qa": S_inv @ g["qa"]}
     g = {k: v.numpy() for k, v in g.items()}  # [n, d, d] each
-    c0 = float(P_A.square().sum() + Q_A.square().sum())
+    c0 = float(c0.sum())
 
     def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
         A = x.reshape(n, d, d)  # [n, d, d] from scipy's flat vector

@@ -254,9 +254,9 @@ class Terms:
             else:
                 Xa, Xb = _residual_rows(a, ax), _residual_rows(b, ax)  # [N, D]
                 self.M += (Xb.mT @ Xa).to(F64)
-            self.sq += sum(float(x.square().sum()) + float(y.square().sum()) for x, y in zip(slices(a), slices(b)))
+            self.sq += float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2
         else:
-            self.rest += sum(float((x - y).square().sum()) for x, y in zip(slices(a), slices(b)))
+            self.rest += sum(float(torch.linalg.vector_norm(x - y)) ** 2 for x, y in zip(slices(a), slices(b)))
 
     def noise(self, wd: torch.dtype) -> float:
         """The objective's rounding floor: below it, objective changes say nothing."""
