@@ -145,13 +145,19 @@ def prepare_pair(a: Model, b: Model, classes: frozenset[str], in_place: bool = F
                 rewrite.__name__)
 
 
+def storages(model: Model) -> set[int]:
+    """The storages of the model's own tensors: a canonical tensor in one of them is a view the adapter
+    handed out (writing into it writes into the model), anything else a reshaped copy."""
+    return {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
+
+
 def _fold_in_place(model: Model, views: Params) -> bool:
     """fold_norms written into the model's own tensors; False (nothing changed) when it cannot be."""
     arch = model.arch
     if arch.norm != "rmsnorm" or (arch.tied_embeddings and not bool((views["norm_f.g"] == 1).all())):
         return False
-    storage = {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
-    if not all(v.untyped_storage().data_ptr() in storage for v in views.values()):
+    own = storages(model)
+    if not all(v.untyped_storage().data_ptr() in own for v in views.values()):
         return False  # a reshaped copy among the views: writing into it would not reach the model
     fold_norms_(arch, views)
     return True

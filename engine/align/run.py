@@ -24,6 +24,7 @@ from engine.align.common import (
     model_for,
     prepare_pair,
     resolve_classes,
+    storages,
     tick,
 )
 from engine.align.solvers import single_thread
@@ -102,17 +103,16 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
     permutation is exact and a rotation costs one rounding.
     """
     model, spec, views = pair.model_b, pair.spec, pair.params_b
-    storage = {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
     with single_thread():
         maps = element_maps(g)  # inverses of d x d maps
-    pending = {}
+    own, pending = storages(model), {}
     for key, ps in spec.params.items():
         v = views[key]
         exact = all(maps.get(a.group) is None or "index" in maps[a.group] or a.role in ("perm", "perm_kv")
                     for acts in ps.axes for a in acts)  # only indexing: exact in any dtype
         wide = v if exact or v.numel() > BIG_PARAM else v.to(torch.promote_types(v.dtype, torch.float64))
         new = act(ps, maps, wide).to(v.dtype)
-        if v.untyped_storage().data_ptr() in storage:
+        if v.untyped_storage().data_ptr() in own:
             v.copy_(new)
         else:
             pending[key] = new

@@ -108,11 +108,6 @@ def procrustes(M: Tensor) -> Tensor:
     return U @ Vh
 
 
-def cross(X_B: Tensor, X_A: Tensor) -> Tensor:
-    """X_B^T X_A: the matrix whose polar factor moves B's rows onto A's (x_B Omega ~ x_A)."""
-    return X_B.to(F64).T @ X_A.to(F64)
-
-
 # ---------------------------------------------------------------------------------------------
 # GL(d): Q/K and V/O maps of a head (MATH.md section 4, "Within head")
 

@@ -142,12 +142,7 @@ def from_canonical(model: Model, params: Params) -> None:
     nat.copy_into(model.module, n)
 
 
-def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
-    """Token ids [B, T] -> logits [B, T, V]."""
-    T = inputs.shape[-1]
-    if T > model.arch.n_ctx:  # wpe has n_ctx rows; HF would fail with an index error
-        raise ModelError(f"Input length {T} exceeds the model's context of {model.arch.n_ctx}.")
-    return model.module(input_ids=inputs, use_cache=False).logits
+logits = nat.causal_lm_logits
 
 
 ENTRY = Family(

@@ -200,12 +200,7 @@ def from_canonical(model: Model, params: Params) -> None:
     nat.copy_into(model.module, n)
 
 
-def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
-    """Token ids [B, T] -> logits [B, T, V]."""
-    T = inputs.shape[-1]
-    if T > model.arch.n_ctx:  # RoPE would extrapolate; keep the same contract as the other families
-        raise ModelError(f"Input length {T} exceeds the model's context of {model.arch.n_ctx}.")
-    return model.module(input_ids=inputs, use_cache=False).logits
+logits = nat.causal_lm_logits
 
 
 ENTRY = Family(

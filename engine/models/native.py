@@ -36,6 +36,16 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone(memory_format=torch.contiguous_format)
 
 
+def causal_lm_logits(model, inputs: torch.Tensor) -> torch.Tensor:
+    """Token ids [B, T] -> logits [B, T, V] of an HF causal LM; longer inputs than the model's context are
+    refused for every family alike (GPT-2's position table would fail with an index error, RoPE would
+    extrapolate)."""
+    T = inputs.shape[-1]
+    if T > model.arch.n_ctx:
+        raise ModelError(f"Input length {T} exceeds the model's context of {model.arch.n_ctx}.")
+    return model.module(input_ids=inputs, use_cache=False).logits
+
+
 def rope_parameters(config) -> dict:
     """An HF config's RoPE settings as a dict (transformers keeps them in `rope_parameters`)."""
     rp = getattr(config, "rope_parameters", None) or {}
