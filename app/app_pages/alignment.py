@@ -13,7 +13,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import downloads, figures, sidebar
+from app import downloads, sidebar
+from app.figures import alignment as alignment_figs
+from app.figures import style
 from engine import zoo
 from engine.align import CLASSES
 from engine.errors import LMCError
@@ -118,7 +120,7 @@ def unused_reason(c: str, used: list[str], arch: dict) -> str:
 def summary(rec: dict) -> None:
     al, check = rec["alignment"], rec.get("endpoint_check") or {}
     res = (al.get("element") or {}).get("residual", {})
-    unit = figures.loss_unit(rec)
+    unit = style.loss_unit(rec)
     cols = st.columns(4)
     cols[0].metric("Barrier", f"{rec['barrier']:.4f}", help=f"Largest rise of the test loss above the chord, {unit}.")
     cols[1].metric("Alignment time", f"{al.get('seconds', 0):.1f} s")
@@ -139,22 +141,22 @@ def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> No
     arch, layers = rec["arch"], element["layers"]
     st.markdown("**Matching cost per layer.** The normalised squared distance between A's and B's weights "
                 "(1: unrelated, 0: identical) before alignment and after the method moved B.")
-    charts.show(figures.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
+    charts.show(alignment_figs.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
                                               names.get(rec["method"], rec["method"])), key="cost_chart")
     st.markdown("**Head permutations, every layer.** A filled cell pairs A's head (row) with the B head "
                 "(column) it is interpolated with; the diagonal would mean no head moved."
                 + (" Outlined blocks are KV groups: query heads move only with their group." if
                    arch["n_kv_heads"] < arch["n_heads"] else ""))
-    charts.show(figures.head_permutations_overview([L["head_perm"] for L in layers], arch["n_kv_heads"], colour),
+    charts.show(alignment_figs.head_permutations_overview([L["head_perm"] for L in layers], arch["n_kv_heads"], colour),
                  key="heads_overview")
     left, right = st.columns(2, gap="large")
     with left:
         st.markdown(f"**MLP neurons moved.** Share of the {arch['d_mlp']:,} hidden neurons per layer whose B "
                     "partner has another index.")
-        charts.show(figures.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
+        charts.show(alignment_figs.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
     with right:
         res = element.get("residual", {})
-        fig = figures.residual_figure(res, colour)
+        fig = alignment_figs.residual_figure(res, colour)
         st.markdown(f"**Residual map** ({res.get('kind', 'none')}).")
         if fig is None:
             st.caption("The identity: the residual stream was not aligned.")
@@ -169,30 +171,30 @@ def layer_detail(rec: dict, element: dict, colour: str) -> None:
     L = layers[i]
     left, right = st.columns(2, gap="large")
     with left:
-        charts.show(figures.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
+        charts.show(alignment_figs.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
                                                      f"Head permutation, layer {i}"), key="head_perm")
     with right:
-        charts.show(figures.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
+        charts.show(alignment_figs.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
                      key="mlp_perm")
-        st.caption(f"{100 * figures.moved_fraction(L['mlp_perm']):.0f} % of the {len(L['mlp_perm']):,} neurons moved.")
+        st.caption(f"{100 * alignment_figs.moved_fraction(L['mlp_perm']):.0f} % of the {len(L['mlp_perm']):,} neurons moved.")
     st.markdown("**Within-head maps**")
     if "rope_scalars" in L:
         left, right = st.columns(2, gap="large")
         with left:
             z = L["rope_scalars"]
-            charts.show(figures.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
+            charts.show(alignment_figs.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
                                                      f"Q/K: RoPE complex scalars, layer {i}"), key="rope_scalars")
             st.caption("RoPE leaves the Q/K map one complex number z = r·e^{iφ} per frequency pair: q turns by φ "
                        "and scales by r, k turns by φ and scales by 1/r. r = 1, φ = 0 is no change.")
         with right:
             if L.get("vo_singular_values"):
-                charts.show(figures.singular_values_figure({"V/O map": L["vo_singular_values"]}),
+                charts.show(alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}),
                              key="singular_values")
                 st.caption("V/O may be any invertible map: its singular values say how far from a rotation it is "
                            "(all ones).")
     elif L.get("qk_singular_values") or L.get("vo_singular_values"):
         maps = {"Q/K map": L.get("qk_singular_values"), "V/O map": L.get("vo_singular_values")}
-        charts.show(figures.singular_values_figure(maps), key="singular_values")
+        charts.show(alignment_figs.singular_values_figure(maps), key="singular_values")
         st.caption("Without RoPE both maps may be any invertible d × d matrix (GL(d)); singular values all one "
                    "would be a rotation.")
     else:
@@ -205,20 +207,20 @@ def layer_detail(rec: dict, element: dict, colour: str) -> None:
 
 def diagnostics(rec: dict, names: dict[str, str]) -> None:
     d, method = rec["alignment"].get("diagnostics") or {}, rec["method"]
-    unit = figures.loss_unit(rec)
+    unit = style.loss_unit(rec)
     if d.get("sweeps"):
         st.markdown(f"**Coordinate descent** stopped after {len(d['sweeps'])} sweeps: heads, within-head maps and "
                     "neurons per layer, then the residual map, until the permutations hold and the objective stalls.")
-        charts.show(figures.sweeps_figure(d["sweeps"], method), key="sweeps_chart")
+        charts.show(alignment_figs.sweeps_figure(d["sweeps"], method), key="sweeps_chart")
     if d.get("mlp_matched_correlation"):
         st.markdown(f"**Activation statistics** over {d.get('tokens', 0):,} tokens: the mean correlation of each "
                     "A neuron with the B neuron it was matched to.")
-        charts.show(figures.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
+        charts.show(alignment_figs.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
     if d.get("history"):
         st.markdown(f"**Optimisation** ({d.get('steps', '?')} steps, Adam on the transform's latents, the models "
                     f"frozen): the kept transform is the one with the best validation loss, step "
                     f"{d.get('best_step', '?')}, {d.get('best_val_midpoint_loss', float('nan')):.4f} {unit}.")
-        charts.show(figures.history_figure(d, method, unit, names), key="history_chart")
+        charts.show(alignment_figs.history_figure(d, method, unit, names), key="history_chart")
     ident = d.get("identity")
     if ident:
         st.markdown("**Dual / one-sided identity** (MATH.md section 4). Every action is linear and exact, so the "
@@ -258,7 +260,7 @@ if rec is None:
 elif not rec.get("alignment"):
     st.warning("This record has no alignment field: it was written before the aligners recorded their element.")
 else:
-    colour = figures.method_colour(rec["method"])
+    colour = style.method_colour(rec["method"])
     summary(rec)
     classes_table(rec)
     element = rec["alignment"]["element"]

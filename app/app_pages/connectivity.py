@@ -14,7 +14,9 @@ import warnings
 
 import streamlit as st
 
-from app import downloads, exports, figures, live_run, sidebar
+from app import downloads, exports, live_run, sidebar
+from app.figures import path as path_figs
+from app.figures import style
 from engine import zoo
 from engine.errors import LMCError
 from engine.results import RunConfig, StoreWarning, cache_dir, cached_record, list_cached
@@ -117,8 +119,8 @@ def live_panel() -> None:
 
 def export_section(cached: list[dict], live: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
     """Downloads: one record and its group element, every curve as CSV, every figure as HTML."""
-    curves = [(r, figures.curve_name(r, names), "cached") for r in cached] + \
-             [(r, figures.curve_name(r, names, live=True), "live") for r in live]
+    curves = [(r, path_figs.curve_name(r, names), "cached") for r in cached] + \
+             [(r, path_figs.curve_name(r, names, live=True), "live") for r in live]
     with st.expander("Export", icon=":material/download:"):
         pick = st.selectbox("Record", range(len(curves)), format_func=lambda i: curves[i][1], key="export_pick")
         downloads.record_downloads(curves[pick][0], key="export")
@@ -135,10 +137,10 @@ def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
     """A column per cached method (its chart colour beside the name), aligned ones against naive;
     the endpoints once below: alignment moves B to an equivalent model, so all methods share them."""
     base = next((r for r in recs if r["method"] == "naive"), None)
-    unit = figures.loss_unit(recs[0])
+    unit = style.loss_unit(recs[0])
     for col, rec in zip(st.columns(max(len(recs), 4)), recs):
         with col:
-            dot = f'<span style="color:{figures.method_colour(rec["method"])}">●</span>'
+            dot = f'<span style="color:{style.method_colour(rec["method"])}">●</span>'
             st.markdown(f"{dot} **{names.get(rec['method'], rec['method'])}**", unsafe_allow_html=True)
             delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
             st.metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
@@ -215,14 +217,14 @@ with right, st.container(border=True):
     st.fragment(live_panel, run_every=live_run.POLL_S if run is not None and run.running else None)()
     live = list(live_runs.get((sel.model_a, sel.model_b), {}).values())
     for rec in live:
-        st.markdown(f"{figures.curve_name(rec, names, live=True)}: barrier **{rec['barrier']:.4f}**, "
-                    f"midpoint {rec['midpoint_barrier']:.4f} {figures.loss_unit(rec)}")
+        st.markdown(f"{path_figs.curve_name(rec, names, live=True)}: barrier **{rec['barrier']:.4f}**, "
+                    f"midpoint {rec['midpoint_barrier']:.4f} {style.loss_unit(rec)}")
 
 with left:
     if cached or live:
-        charts.show(figures.barrier_figure(cached, live, "Loss along the linear path", names), key="barrier_chart")
+        charts.show(path_figs.barrier_figure(cached, live, "Loss along the linear path", names), key="barrier_chart")
         if any(r.get("accuracy") for r in cached + live):
-            charts.show(figures.accuracy_figure(cached, live, "Accuracy along the linear path", names),
+            charts.show(path_figs.accuracy_figure(cached, live, "Accuracy along the linear path", names),
                         key="accuracy_chart")
         if cached:
             st.caption(eval_caption(cached))

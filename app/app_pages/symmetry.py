@@ -15,7 +15,9 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import downloads, figures, sidebar
+from app import downloads, sidebar
+from app.figures import style
+from app.figures import symmetry as symmetry_figs
 from engine import zoo
 from engine.checks import EXACT_TOL
 from engine.errors import LMCError
@@ -161,7 +163,7 @@ def arch_line(a: dict) -> str:
     return (f"{a['family']} {a['task'].upper() if a['task'] == 'lm' else 'ViT'}: {a['n_layers']} layers, "
             f"D = {a['d_model']:,}, h = {a['n_heads']}{kv} heads of d = {a['d_head']}, MLP {a['d_mlp']:,} "
             f"({a['mlp']}), {a['norm']}, context {a['n_ctx']:,}, "
-            f"{figures.PE_NAMES.get(a['pe'], a['pe'])}{rope}"
+            f"{style.PE_NAMES.get(a['pe'], a['pe'])}{rope}"
             + (", tied embeddings" if a["tied_embeddings"] else "") + ".")
 
 
@@ -178,7 +180,7 @@ def checks_section(rep: dict) -> None:
     rows = []
     for r, is_break in [(r, False) for r in rep["checks"]] + [(r, True) for r in rep["breaks"]]:
         c = r["max_rel_change"]
-        status = figures.check_status(r, is_break)
+        status = symmetry_figs.check_status(r, is_break)
         rows.append({"test": "break test" if is_break else "symmetry", "group": r["group"], "transform": r["kind"],
                      "max relative change": c,
                      "claimed": {"exact": "exact", "approximate": "approximate", "break": "not a symmetry"}[status],
@@ -188,7 +190,7 @@ def checks_section(rep: dict) -> None:
                                 "exact (measured)": st.column_config.CheckboxColumn(),
                                 "transform": st.column_config.TextColumn(width="medium"),
                                 "note": st.column_config.TextColumn(width="large")})
-    charts.show(figures.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
+    charts.show(symmetry_figs.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
 
 
 def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
@@ -206,15 +208,15 @@ def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
     c[3].metric("Total", f"{gd['total']:,}")
     left, right = st.columns(2, gap="large")
     with left:
-        charts.show(figures.group_dim_figure(gd["by_kind"]), key="dims_chart")
+        charts.show(symmetry_figs.group_dim_figure(gd["by_kind"]), key="dims_chart")
     with right:
-        charts.show(figures.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
+        charts.show(symmetry_figs.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
     for note in gd.get("notes", []):
         st.caption(f"Note: {note}.")
     st.markdown(f"**The same shape under each positional encoding.** RoPE shrinks the Q/K part from "
                 f"d² = {a['d_head'] ** 2:,} to d = {a['d_head']} per KV group; a sinusoidal table leaves only "
                 "the rotations fixing its row differences; a learned table adds a shift of the embeddings.")
-    charts.show(figures.pe_comparison_figure(by_pe), key="pe_chart")
+    charts.show(symmetry_figs.pe_comparison_figure(by_pe), key="pe_chart")
 
 
 def rope_section(rep: dict) -> None:
@@ -225,7 +227,7 @@ def rope_section(rep: dict) -> None:
                 f"offset n; over a context of T = {a['n_ctx']:,} the worst case is what is drawn. Fast pairs "
                 "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost "
                 "GL(2) is *almost* a symmetry, an approximate symmetry an aligner could still exploit.")
-    charts.show(figures.rope_breaking_figure(rep["rope"]), key="rope_chart")
+    charts.show(symmetry_figs.rope_breaking_figure(rep["rope"]), key="rope_chart")
 
 
 def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
@@ -239,7 +241,7 @@ def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
                 f"σ_max (condition number {s['condition']:.1e}), so many of those constraints are almost empty and "
                 "the remaining rotations are *nearly* symmetries. Residual alignment of a sinusoidal model is "
                 "therefore approximate; the endpoint check on the Alignment page reports by how much.")
-    charts.show(figures.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
+    charts.show(symmetry_figs.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
 
 
 st.title("Symmetry")

@@ -16,7 +16,8 @@ import tiny_zoo
 from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 
-from app import figures
+from app.figures import alignment as alignment_figs
+from app.figures import style
 from app.sidebar import methods
 from engine import zoo
 from engine.api import run_pair
@@ -75,7 +76,7 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     # every layer's head permutation, with its 2 KV groups outlined
     over = chart(at, "heads_overview")
     heat = [t for t in over["data"] if t["type"] == "heatmap"]
-    assert [z_of(t) for t in heat] == [figures.permutation_matrix(L["head_perm"]) for L in layers]
+    assert [z_of(t) for t in heat] == [alignment_figs.permutation_matrix(L["head_perm"]) for L in layers]
     rects = [s for s in over["layout"]["shapes"] if s["type"] == "rect"]
     assert len(rects) == 2 * len(layers)
     # the outlined block of A's group c spans the columns of the B group it takes (kv_perm)
@@ -88,10 +89,10 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     parts = [f"blocks.{i}" for i in range(len(layers))] + ["outer"]
     assert list(before["y"]) == [al["matching_cost"]["before"][p] for p in parts]
     assert list(after["y"]) == [al["matching_cost"]["after"][p] for p in parts]
-    assert after["marker"]["color"] == figures.method_colour("weight")
+    assert after["marker"]["color"] == style.method_colour("weight")
     # MLP: share of moved neurons per layer
     moved = chart(at, "mlp_moved")["data"][0]["y"]
-    assert list(moved) == pytest.approx([100 * figures.moved_fraction(L["mlp_perm"]) for L in layers])
+    assert list(moved) == pytest.approx([100 * alignment_figs.moved_fraction(L["mlp_perm"]) for L in layers])
     # the residual rotation, A's coordinates on the rows: |Omega^T|
     O = np.array(al["element"]["residual"]["matrix"])
     assert np.asarray(chart(at, "residual_map")["data"][0]["z"]) == pytest.approx(np.abs(O.T))
@@ -114,8 +115,8 @@ def test_one_layer_in_detail_follows_the_slider(env):
         at.select_slider(key="align_layer").set_value(i).run()
         assert not at.exception
         L = layers[i]
-        assert z_of(chart(at, "head_perm")["data"][0]) == figures.permutation_matrix(L["head_perm"])
-        z, _ = figures.binned_permutation(L["mlp_perm"])
+        assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix(L["head_perm"])
+        z, _ = alignment_figs.binned_permutation(L["mlp_perm"])
         assert np.asarray(z_of(chart(at, "mlp_perm")["data"][0])) == pytest.approx(np.asarray(z))
         polar = chart(at, "rope_scalars")["data"]
         assert len(polar) == GQA.n_kv_heads  # one trace per KV group
@@ -144,10 +145,10 @@ def test_dual_shows_history_identity_and_either_side(env):
     def heat():
         return [z_of(t) for t in chart(at, "heads_overview")["data"]]
 
-    assert heat() == [figures.permutation_matrix(L["head_perm"]) for L in al["element"]["layers"]]
+    assert heat() == [alignment_figs.permutation_matrix(L["head_perm"]) for L in al["element"]["layers"]]
     at.radio(key="align_side").set_value("a").run()
     assert not at.exception
-    assert heat() == [figures.permutation_matrix(L["head_perm"]) for L in al["element_a"]["layers"]]
+    assert heat() == [alignment_figs.permutation_matrix(L["head_perm"]) for L in al["element_a"]["layers"]]
 
 
 def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
@@ -157,11 +158,11 @@ def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
     layers[0]["head_perm"], layers[0]["kv_perm"] = [2, 3, 0, 1], [1, 0]  # a different, valid GQA permutation
     at = page("weight", live_runs={PAIR: {"weight": live}})
     assert at.radio(key="align_source").value == "live"
-    assert z_of(chart(at, "head_perm")["data"][0]) == figures.permutation_matrix([2, 3, 0, 1])
+    assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix([2, 3, 0, 1])
     at.radio(key="align_source").set_value("cached").run()
     assert not at.exception
     assert z_of(chart(at, "head_perm")["data"][0]) == \
-        figures.permutation_matrix(cached["alignment"]["element"]["layers"][0]["head_perm"])
+        alignment_figs.permutation_matrix(cached["alignment"]["element"]["layers"][0]["head_perm"])
 
 
 def test_naive_says_no_class_was_used(env):
@@ -169,7 +170,7 @@ def test_naive_says_no_class_was_used(env):
     at = page("naive")
     assert any("Classes used: none" in m.value for m in at.markdown)
     n = GQA.n_heads
-    assert all(z_of(t) == figures.permutation_matrix(list(range(n))) for t in chart(at, "heads_overview")["data"])
+    assert all(z_of(t) == alignment_figs.permutation_matrix(list(range(n))) for t in chart(at, "heads_overview")["data"])
     assert rec["alignment"]["element"]["residual"]["kind"] == "identity"
     with pytest.raises(KeyError):
         at.get_by_key("residual_map")  # nothing to draw for the identity

@@ -12,7 +12,7 @@ from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
-from app import figures
+from app.figures import style
 from app.sidebar import methods
 from engine import zoo
 from engine.results import CACHE, cached_record, list_cached
@@ -185,5 +185,5 @@ def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
         rec = cached_record(*pair, m, CACHE)
         assert pytest.approx(rec["loss"], abs=0) in drawn.values()
         assert f"{rec['barrier']:.4f}" in [x.value for x in at.metric if x.label == "Barrier"]
-    unit = figures.loss_unit(cached_record(*pair, methods[0], CACHE))
+    unit = style.loss_unit(cached_record(*pair, methods[0], CACHE))
     assert fig["layout"]["yaxis"]["title"]["text"] == f"Test loss ({unit})"

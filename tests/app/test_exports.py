@@ -19,7 +19,8 @@ from streamlit.delta_generator import DeltaGenerator
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS
 
-from app import exports, figures
+from app import exports
+from app.figures import path as path_figs
 from engine.errors import LMCError
 from engine.results import cached_record
 
@@ -103,8 +104,8 @@ def test_stems_are_file_safe():
 
 
 def test_figures_page_holds_every_figure_and_plotly_once(recs):
-    figs = {"Loss <path>": figures.barrier_figure([recs["naive"], recs["weight"]]),
-            "Accuracy": figures.accuracy_figure([recs["vit"]])}
+    figs = {"Loss <path>": path_figs.barrier_figure([recs["naive"], recs["weight"]]),
+            "Accuracy": path_figs.accuracy_figure([recs["vit"]])}
     page = exports.figures_html(figs, "LMC Explorer: test").decode()
     assert page.count("Plotly.newPlot(") == 2  # one call per figure
     assert page.count(get_plotlyjs()) == 1  # the library once, for both

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import figures
+from app.figures import path as path_figs
+from app.figures import style
 
 LAMBDAS = [0.0, 0.25, 0.5, 0.75, 1.0]
 
@@ -39,7 +40,7 @@ def traces(fig, suffix=None):
 
 def test_barrier_curve_is_the_record():
     rec = lm_record()
-    fig = figures.barrier_figure([rec])
+    fig = path_figs.barrier_figure([rec])
     (curve,) = traces(fig)
     assert list(curve.x) == rec["lambdas"] and list(curve.y) == rec["loss"]
     (chord,) = traces(fig, "chord")
@@ -52,24 +53,24 @@ def test_barrier_curve_is_the_record():
 
 
 def test_axis_titles_carry_units():
-    lm = figures.barrier_figure([lm_record()])
+    lm = path_figs.barrier_figure([lm_record()])
     assert lm.layout.yaxis.title.text == "Test loss (nats/byte)"
     assert lm.layout.xaxis.title.text.startswith("λ")
-    vit = figures.barrier_figure([vit_record()])
+    vit = path_figs.barrier_figure([vit_record()])
     assert vit.layout.yaxis.title.text == "Test loss (nats/image)"
     other = {**lm_record(), "eval_set": "user text/test, 4,096 tokens (gpt2), context 128"}
-    assert figures.loss_unit(other) == "nats/token"
+    assert style.loss_unit(other) == "nats/token"
 
 
 def test_every_method_is_overlaid_in_its_own_colour():
     recs = [lm_record("naive"), lm_record("weight", (2.0, 2.05, 2.1, 2.0, 1.9))]
-    fig = figures.barrier_figure(recs, method_names={"naive": "Naive (no alignment)"})
+    fig = path_figs.barrier_figure(recs, method_names={"naive": "Naive (no alignment)"})
     curves = traces(fig)
     assert [c.name for c in curves] == ["Naive (no alignment)", "weight"]
     assert [list(c.y) for c in curves] == [r["loss"] for r in recs]
-    assert [c.line.color for c in curves] == [figures.METHOD_COLOURS["naive"], figures.METHOD_COLOURS["weight"]]
+    assert [c.line.color for c in curves] == [style.METHOD_COLOURS["naive"], style.METHOD_COLOURS["weight"]]
     # bars at the same λ are dodged apart so neither hides the other
-    assert [list(b.x) for b in traces(fig, "barrier")] == [[0.5, 0.5], [0.5 + figures.BAR_DODGE] * 2]
+    assert [list(b.x) for b in traces(fig, "barrier")] == [[0.5, 0.5], [0.5 + path_figs.BAR_DODGE] * 2]
     # chord and barrier bar share the curve's colour and legend group, so the legend toggles all three
     for c in curves:
         group = [t for t in fig.data if t.legendgroup == c.legendgroup]
@@ -77,14 +78,14 @@ def test_every_method_is_overlaid_in_its_own_colour():
 
 
 def test_unknown_method_colour_is_stable():
-    assert figures.method_colour("my-aligner") == figures.method_colour("my-aligner")
-    assert figures.method_colour("my-aligner") in figures._SPARE
+    assert style.method_colour("my-aligner") == style.method_colour("my-aligner")
+    assert style.method_colour("my-aligner") in style._SPARE
 
 
 def test_live_run_is_drawn_beside_cached_and_told_apart():
     cached, live = lm_record(), lm_record(loss=(2.1, 2.2, 2.4, 2.1, 2.0))
     live["eval_tokens"] = 1024
-    fig = figures.barrier_figure([cached], [live])
+    fig = path_figs.barrier_figure([cached], [live])
     c, v = traces(fig)
     assert list(v.y) == live["loss"] and v.line.dash == "dot" and c.line.dash == "solid"
     assert v.name == "naive, live (1,024 tokens)"
@@ -93,7 +94,7 @@ def test_live_run_is_drawn_beside_cached_and_told_apart():
 
 def test_accuracy_curve_in_percent_and_skips_lms():
     rec = vit_record()
-    fig = figures.accuracy_figure([rec, lm_record("weight")])
+    fig = path_figs.accuracy_figure([rec, lm_record("weight")])
     (curve,) = traces(fig)
     assert list(curve.y) == pytest.approx([100 * a for a in rec["accuracy"]])
     (chord,) = traces(fig, "chord")
@@ -102,7 +103,7 @@ def test_accuracy_curve_in_percent_and_skips_lms():
 
 
 def test_hover_names_value_and_unit():
-    fig = figures.barrier_figure([lm_record()])
+    fig = path_figs.barrier_figure([lm_record()])
     (curve,) = traces(fig)
     assert "nats/byte" in curve.hovertemplate and "vs chord" in curve.hovertemplate
     (bar,) = traces(fig, "barrier")
@@ -110,9 +111,9 @@ def test_hover_names_value_and_unit():
 
 
 def test_figures_serialise_and_empty_input_is_an_empty_figure():
-    json.loads(figures.barrier_figure([lm_record()], [vit_record()]).to_json())
-    assert len(figures.barrier_figure([]).data) == 0
-    assert len(figures.accuracy_figure([lm_record()]).data) == 0
+    json.loads(path_figs.barrier_figure([lm_record()], [vit_record()]).to_json())
+    assert len(path_figs.barrier_figure([]).data) == 0
+    assert len(path_figs.accuracy_figure([lm_record()]).data) == 0
 
 
 def imports(file: Path) -> set[str]:
@@ -122,7 +123,11 @@ def imports(file: Path) -> set[str]:
 
 
 def test_figures_import_no_streamlit_and_the_app_no_torch():
-    assert not imports(Path(figures.__file__)) & {"streamlit", "torch", "engine"}
-    app_dir = Path(figures.__file__).parent
-    # the app stays thin over the engine (DESIGN.md): tensors never reach a page
+    fig_dir = Path(path_figs.__file__).parent
+    assert sorted(f.name for f in fig_dir.glob("*.py")) == ["__init__.py", "alignment.py", "path.py", "style.py",
+                                                             "symmetry.py"]
+    for f in fig_dir.glob("*.py"):
+        assert not imports(f) & {"streamlit", "torch", "engine"}, f.name
+    app_dir = fig_dir.parent
+    # the app stays thin over the engine: tensors never reach a page
     assert [f.name for f in app_dir.rglob("*.py") if "torch" in imports(f)] == []

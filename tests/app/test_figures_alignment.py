@@ -5,7 +5,9 @@ import math
 
 import pytest
 
-from app import figures
+from app.figures import alignment as alignment_figs
+from app.figures import style
+from app.figures import symmetry as symmetry_figs
 
 LAYERS = [
     {"head_perm": [1, 0, 3, 2], "kv_perm": [0, 1], "mlp_perm": [0, 1, 3, 2, 4, 5, 7, 6],
@@ -17,49 +19,49 @@ LAYERS = [
 
 def test_permutation_matrix_rows_are_a_columns_are_b():
     # A's slot i takes B's slot perm[i] (engine/symmetry.py), so row i has its one in column perm[i]
-    assert figures.permutation_matrix([2, 0, 1]) == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
-    assert figures.moved_fraction([0, 2, 1, 3]) == 0.5
-    assert figures.moved_fraction(list(range(5))) == 0
+    assert alignment_figs.permutation_matrix([2, 0, 1]) == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
+    assert alignment_figs.moved_fraction([0, 2, 1, 3]) == 0.5
+    assert alignment_figs.moved_fraction(list(range(5))) == 0
 
 
 def test_head_permutation_heatmap_is_the_matrix_with_kv_groups_outlined():
-    fig = figures.head_permutation_figure(LAYERS[1]["head_perm"], n_kv_heads=2, colour="#123456")
+    fig = alignment_figs.head_permutation_figure(LAYERS[1]["head_perm"], n_kv_heads=2, colour="#123456")
     (heat,) = fig.data
-    assert [list(r) for r in heat.z] == figures.permutation_matrix([2, 3, 0, 1])
+    assert [list(r) for r in heat.z] == alignment_figs.permutation_matrix([2, 3, 0, 1])
     assert heat.colorscale[-1][1] == "#123456"
     assert fig.layout.yaxis.autorange == "reversed"  # head 0 on top: the identity is the main diagonal
     assert fig.layout.xaxis.title.text == "Model B head (as trained)"
     rects = [s for s in fig.layout.shapes if s.type == "rect"]
     # A's group 0 (rows 0-1) takes B's group 1 (columns 2-3) and vice versa
     assert sorted((s.y0, s.x0) for s in rects) == [(-0.5, 1.5), (1.5, -0.5)]
-    assert figures.gqa_blocks([2, 3, 0, 1], 2) == [(0, 1, 2), (1, 0, 2)]
-    assert figures.gqa_blocks([1, 0, 3, 2], 4) == []  # no grouped-query attention, nothing to outline
-    assert not figures.head_permutation_figure([1, 0, 3, 2], n_kv_heads=4).layout.shapes
+    assert alignment_figs.gqa_blocks([2, 3, 0, 1], 2) == [(0, 1, 2), (1, 0, 2)]
+    assert alignment_figs.gqa_blocks([1, 0, 3, 2], 4) == []  # no grouped-query attention, nothing to outline
+    assert not alignment_figs.head_permutation_figure([1, 0, 3, 2], n_kv_heads=4).layout.shapes
 
 
 def test_overview_has_one_heatmap_per_layer_on_its_own_axes():
-    fig = figures.head_permutations_overview([L["head_perm"] for L in LAYERS], n_kv_heads=2)
-    assert [[list(r) for r in t.z] for t in fig.data] == [figures.permutation_matrix(L["head_perm"]) for L in LAYERS]
+    fig = alignment_figs.head_permutations_overview([L["head_perm"] for L in LAYERS], n_kv_heads=2)
+    assert [[list(r) for r in t.z] for t in fig.data] == [alignment_figs.permutation_matrix(L["head_perm"]) for L in LAYERS]
     assert [t.xaxis for t in fig.data] == ["x", "x2"]
     assert [a.text for a in fig.layout.annotations] == ["layer 0", "layer 1"]
-    assert len(figures.head_permutations_overview([]).data) == 0
+    assert len(alignment_figs.head_permutations_overview([]).data) == 0
 
 
 def test_binned_mlp_permutation_pools_and_keeps_row_shares():
-    z, size = figures.binned_permutation(list(range(100)), max_bins=10)
+    z, size = alignment_figs.binned_permutation(list(range(100)), max_bins=10)
     assert size == 10 and len(z) == 10
     assert all(z[i][j] == (1.0 if i == j else 0.0) for i in range(10) for j in range(10))
-    z, size = figures.binned_permutation(LAYERS[0]["mlp_perm"], max_bins=4)
+    z, size = alignment_figs.binned_permutation(LAYERS[0]["mlp_perm"], max_bins=4)
     assert size == 2 and z[1] == [0, 1.0, 0, 0]  # neurons 2, 3 swap within their bin
-    z, size = figures.binned_permutation([1, 2, 0], max_bins=2)  # an uneven last bin still sums to one
+    z, size = alignment_figs.binned_permutation([1, 2, 0], max_bins=2)  # an uneven last bin still sums to one
     assert size == 2 and [sum(r) for r in z] == [1.0, 1.0]
-    fig = figures.mlp_permutation_figure(list(reversed(range(64))))
-    assert len(fig.data[0].z) == figures.MLP_BINS
+    fig = alignment_figs.mlp_permutation_figure(list(reversed(range(64))))
+    assert len(fig.data[0].z) == alignment_figs.MLP_BINS
     assert "bins of 2" in fig.layout.xaxis.title.text
 
 
 def test_mlp_moved_bars_in_percent():
-    fig = figures.mlp_moved_figure([L["mlp_perm"] for L in LAYERS], colour="#abcdef")
+    fig = alignment_figs.mlp_moved_figure([L["mlp_perm"] for L in LAYERS], colour="#abcdef")
     assert list(fig.data[0].y) == [50.0, 0.0]
     assert fig.data[0].marker.color == "#abcdef"
     assert fig.layout.yaxis.title.text == "Neurons moved (%)"
@@ -68,71 +70,71 @@ def test_mlp_moved_bars_in_percent():
 def test_matching_cost_bars_before_grey_after_in_the_methods_colour():
     cost = {"before": {"outer": 0.8, "blocks.0": 0.6, "blocks.1": 0.7},
             "after": {"outer": 0.1, "blocks.0": 0.4, "blocks.1": 0.5}}
-    fig = figures.matching_cost_figure(cost, "dual", "Dual learned matching")
+    fig = alignment_figs.matching_cost_figure(cost, "dual", "Dual learned matching")
     before, after = fig.data
     assert list(before.x) == ["layer 0", "layer 1", "embeddings & head"]
     assert list(before.y) == [0.6, 0.7, 0.8] and list(after.y) == [0.4, 0.5, 0.1]
-    assert before.marker.color == figures.BEFORE_COLOUR and after.marker.color == figures.METHOD_COLOURS["dual"]
+    assert before.marker.color == style.BEFORE_COLOUR and after.marker.color == style.METHOD_COLOURS["dual"]
     assert after.name == "after Dual learned matching"
     assert fig.layout.barmode == "group" and "‖θ_A − g·θ_B‖²" in fig.layout.yaxis.title.text
 
 
 def test_rope_scalars_polar_one_trace_per_kv_group_in_degrees():
     z = LAYERS[0]["rope_scalars"]
-    fig = figures.rope_scalars_figure(z["abs"], z["angle"], rope_base=10000.0)
+    fig = alignment_figs.rope_scalars_figure(z["abs"], z["angle"], rope_base=10000.0)
     assert len(fig.data) == 2 and all(t.type == "scatterpolar" for t in fig.data)
     assert list(fig.data[0].r) == [1.0, 1.2]
     assert list(fig.data[1].theta) == pytest.approx([-45.0, 180.0])
-    assert [t.marker.color for t in fig.data] == list(figures.GROUP_COLOURS[:2])
+    assert [t.marker.color for t in fig.data] == list(style.GROUP_COLOURS[:2])
     # the hover names each pair's frequency omega_j = base^(-2j/r), r = 2 * pairs
     assert fig.data[0].customdata[1][1] == pytest.approx(10000.0 ** (-2 * 1 / 4))
     assert "ω" in fig.data[0].hovertemplate
-    assert "ω" not in figures.rope_scalars_figure(z["abs"], z["angle"]).data[0].hovertemplate
+    assert "ω" not in alignment_figs.rope_scalars_figure(z["abs"], z["angle"]).data[0].hovertemplate
 
 
 def test_singular_values_one_panel_per_map_log_scale():
     L = LAYERS[0]
-    fig = figures.singular_values_figure({"Q/K map": L["qk_singular_values"], "V/O map": L["vo_singular_values"]})
+    fig = alignment_figs.singular_values_figure({"Q/K map": L["qk_singular_values"], "V/O map": L["vo_singular_values"]})
     assert [list(t.y) for t in fig.data] == L["qk_singular_values"] + L["vo_singular_values"]
     assert [t.xaxis for t in fig.data] == ["x", "x", "x2", "x2"]
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"
     assert [t.showlegend for t in fig.data] == [True, True, False, False]  # one legend entry per KV group
-    assert len(figures.singular_values_figure({"Q/K map": None}).data) == 0
+    assert len(alignment_figs.singular_values_figure({"Q/K map": None}).data) == 0
 
 
 def test_residual_map_orientation_and_identity():
     # permutation: column i has its one in row perm[i] (engine.align.solvers.residual_perm_of)
-    assert figures.residual_matrix({"kind": "permutation", "perm": [1, 2, 0]}) == figures.permutation_matrix([1, 2, 0])
+    assert alignment_figs.residual_matrix({"kind": "permutation", "perm": [1, 2, 0]}) == alignment_figs.permutation_matrix([1, 2, 0])
     O = [[0.0, -1.0], [1.0, 0.0]]  # B's coordinate j feeds A's coordinate i with weight O[j][i]
-    assert figures.residual_matrix({"kind": "orthogonal", "matrix": O}) == [[0.0, 1.0], [-1.0, 0.0]]
-    fig = figures.residual_figure({"kind": "orthogonal", "matrix": O})
+    assert alignment_figs.residual_matrix({"kind": "orthogonal", "matrix": O}) == [[0.0, 1.0], [-1.0, 0.0]]
+    fig = alignment_figs.residual_figure({"kind": "orthogonal", "matrix": O})
     assert [list(r) for r in fig.data[0].z] == [[0.0, 1.0], [1.0, 0.0]]  # |Omega^T|; the sign is in the hover
     assert [list(r) for r in fig.data[0].customdata] == [[0.0, 1.0], [-1.0, 0.0]]
-    assert figures.residual_figure({"kind": "identity", "perm": [0, 1]}) is None
+    assert alignment_figs.residual_figure({"kind": "identity", "perm": [0, 1]}) is None
 
 
 def test_history_validation_training_kept_step_and_one_sided():
     hist = {"step": [0, 5, 10], "train_loss": [None, 2.0, 1.8], "val_midpoint_loss": [3.0, 2.1, 1.9]}
     d = {"history": hist, "best_step": 10,
          "one_sided_same_budget": {"history": {**hist, "val_midpoint_loss": [3.0, 2.4, 2.0]}}}
-    fig = figures.history_figure(d, "dual", "nats/byte", {"dual": "Dual", "learned": "One-sided"})
+    fig = alignment_figs.history_figure(d, "dual", "nats/byte", {"dual": "Dual", "learned": "One-sided"})
     val, train, kept, one_val, one_train = fig.data
     assert one_train.line.dash == "dot"
-    assert list(val.y) == [3.0, 2.1, 1.9] and val.line.color == figures.METHOD_COLOURS["dual"]
+    assert list(val.y) == [3.0, 2.1, 1.9] and val.line.color == style.METHOD_COLOURS["dual"]
     assert list(train.x) == [5, 10] and list(train.y) == [2.0, 1.8]  # step 0 has no training loss
     assert list(kept.x) == [10] and list(kept.y) == [1.9]
     assert list(one_val.y) == [3.0, 2.4, 2.0] and one_val.line.dash == "dash"
-    assert one_val.line.color == figures.METHOD_COLOURS["learned"]
+    assert one_val.line.color == style.METHOD_COLOURS["learned"]
     assert fig.layout.yaxis.title.text == "Loss at the midpoint (nats/byte)"
 
 
 def test_weight_sweeps_and_activation_correlation():
     sweeps = [{"sweep": 1, "objective": 10.0, "residual_change": 0.3}, {"sweep": 2, "objective": 9.0,
                                                                          "residual_change": 0.0}]
-    fig = figures.sweeps_figure(sweeps)
+    fig = alignment_figs.sweeps_figure(sweeps)
     assert list(fig.data[0].x) == [1, 2] and list(fig.data[0].y) == [10.0, 9.0]
-    fig = figures.correlation_figure([0.4, 0.3])
-    assert list(fig.data[0].y) == [0.4, 0.3] and fig.data[0].marker.color == figures.METHOD_COLOURS["activation"]
+    fig = alignment_figs.correlation_figure([0.4, 0.3])
+    assert list(fig.data[0].y) == [0.4, 0.3] and fig.data[0].marker.color == style.METHOD_COLOURS["activation"]
 
 
 CHECKS = [
@@ -145,15 +147,15 @@ BREAKS = [{"group": "qk_gl", "kind": "GL(8) on Q/K of a RoPE model", "max_rel_ch
 
 
 def test_invariance_bars_log_scale_by_status_with_the_exactness_line():
-    fig = figures.invariance_figure(CHECKS, BREAKS, tol=1e-10)
+    fig = symmetry_figs.invariance_figure(CHECKS, BREAKS, tol=1e-10)
     by_name = {t.name: t for t in fig.data}
-    exact = by_name[figures.CHECK_LABELS["exact"]]
+    exact = by_name[style.CHECK_LABELS["exact"]]
     assert list(exact.y) == ["heads", "qk"]
-    assert list(exact.x) == [figures.LOG_FLOOR, 3e-16]  # an exact zero sits on the floor of the log axis
+    assert list(exact.x) == [style.LOG_FLOOR, 3e-16]  # an exact zero sits on the floor of the log axis
     assert exact.customdata[0][1] == 0.0  # ... and the hover says 0
-    assert list(by_name[figures.CHECK_LABELS["approximate"]].y) == ["residual_orth"]
-    assert list(by_name[figures.CHECK_LABELS["break"]].x) == [0.25]
-    assert [t.marker.color for t in fig.data] == [figures.CHECK_COLOURS[s] for s in ("exact", "approximate", "break")]
+    assert list(by_name[style.CHECK_LABELS["approximate"]].y) == ["residual_orth"]
+    assert list(by_name[style.CHECK_LABELS["break"]].x) == [0.25]
+    assert [t.marker.color for t in fig.data] == [style.CHECK_COLOURS[s] for s in ("exact", "approximate", "break")]
     assert "residual_perm" not in {y for t in fig.data for y in t.y}  # not measured: no bar
     (line,) = fig.layout.shapes
     assert line.x0 == line.x1 == 1e-10
@@ -162,35 +164,35 @@ def test_invariance_bars_log_scale_by_status_with_the_exactness_line():
 
 def test_group_dimension_bars_leave_out_discrete_parts():
     by_kind = {"heads": 0, "mlp": 0, "qk": 512, "vo": 16384, "residual_orth": 8128, "pe_shift": 0}
-    fig = figures.group_dim_figure(by_kind)
+    fig = symmetry_figs.group_dim_figure(by_kind)
     assert list(fig.data[0].x) == ["Q/K maps", "V/O maps", "residual rotation"]
     assert list(fig.data[0].y) == [512, 16384, 8128]
     assert list(fig.data[0].text) == ["512", "16.4k", "8,128"]
-    assert list(fig.data[0].marker.color) == [figures.PART_COLOURS[k] for k in ("qk", "vo", "residual_orth")]
+    assert list(fig.data[0].marker.color) == [style.PART_COLOURS[k] for k in ("qk", "vo", "residual_orth")]
     per_layer = [{"layer": i, "qk": 128, "vo": 4096, "key_bias": 0, "value_bias": 0, "mlp": 0, "ln_reader_gauge": 0}
                  for i in range(2)]
-    fig = figures.group_dim_per_layer_figure(per_layer)
+    fig = symmetry_figs.group_dim_per_layer_figure(per_layer)
     assert [t.name for t in fig.data] == ["Q/K maps", "V/O maps"] and fig.layout.barmode == "stack"
-    assert figures.compact(8_386_560) == "8.39M" and figures.compact(4096) == "4,096"
+    assert style.compact(8_386_560) == "8.39M" and style.compact(4096) == "4,096"
 
 
 def test_pe_comparison_reads_per_layer_parts_from_layer_zero():
     def gd(qk, res, shift):
         return {"per_layer": [{"qk": qk, "vo": 4096}], "by_kind": {"residual_orth": res, "pe_shift": shift}}
 
-    fig = figures.pe_comparison_figure({"none": gd(4096, 8128, 0), "rope": gd(128, 8128, 0),
+    fig = symmetry_figs.pe_comparison_figure({"none": gd(4096, 8128, 0), "rope": gd(128, 8128, 0),
                                         "sinusoidal": gd(4096, 0, 0), "learned": gd(4096, 8128, 128)})
     ys = {t.name: list(t.y) for t in fig.data}
     assert ys == {"NoPE": [4096, 4096, 8128, 0], "RoPE": [128, 4096, 8128, 0],
                   "sinusoidal PE": [4096, 4096, 0, 0], "learned PE": [4096, 4096, 8128, 128]}
     order = ("none", "rope", "sinusoidal", "learned")
-    assert [t.marker.color for t in fig.data] == [figures.PE_COLOURS[p] for p in order]
+    assert [t.marker.color for t in fig.data] == [style.PE_COLOURS[p] for p in order]
 
 
 def test_rope_breaking_against_omega_times_context_on_a_log_axis():
     rows = [{"pair": 0, "omega": 1.0, "omega_ctx": 128.0, "strength": 1.0, "rms": 0.7},
             {"pair": 1, "omega": 1e-3, "omega_ctx": 0.128, "strength": 0.127, "rms": 0.07}]
-    fig = figures.rope_breaking_figure(rows)
+    fig = symmetry_figs.rope_breaking_figure(rows)
     strength = next(t for t in fig.data if t.name.startswith("max"))
     assert list(strength.x) == [128.0, 0.128] and list(strength.y) == [1.0, 0.127]
     assert fig.layout.xaxis.type == "log" and "ω_j · T" in fig.layout.xaxis.title.text
@@ -199,11 +201,11 @@ def test_rope_breaking_against_omega_times_context_on_a_log_axis():
 
 
 def test_sinusoidal_spectrum_relative_to_the_largest_with_the_threshold():
-    fig = figures.sinusoidal_spectrum_figure([10.0, 1.0, 1e-6, 0.0], rtol=1e-6)
-    assert list(fig.data[0].y) == [1.0, 0.1, 1e-7, figures.LOG_FLOOR]
+    fig = symmetry_figs.sinusoidal_spectrum_figure([10.0, 1.0, 1e-6, 0.0], rtol=1e-6)
+    assert list(fig.data[0].y) == [1.0, 0.1, 1e-7, style.LOG_FLOOR]
     assert list(fig.data[0].customdata) == [10.0, 1.0, 1e-6, 0.0]
     colours = list(fig.data[0].marker.color)
-    assert colours[:2] == [figures.PE_COLOURS["sinusoidal"]] * 2 and colours[2:] == [figures.CHECK_COLOURS["break"]] * 2
+    assert colours[:2] == [style.PE_COLOURS["sinusoidal"]] * 2 and colours[2:] == [style.CHECK_COLOURS["break"]] * 2
     (line,) = fig.layout.shapes
     assert line.y0 == line.y1 == 1e-6 and fig.layout.yaxis.type == "log"
 
@@ -211,13 +213,13 @@ def test_sinusoidal_spectrum_relative_to_the_largest_with_the_threshold():
 def test_every_new_figure_serialises():
     L = LAYERS[0]
     figs = [
-        figures.head_permutation_figure(L["head_perm"], 2), figures.head_permutations_overview([L["head_perm"]] * 7),
-        figures.mlp_permutation_figure(L["mlp_perm"]), figures.mlp_moved_figure([L["mlp_perm"]]),
-        figures.rope_scalars_figure(L["rope_scalars"]["abs"], L["rope_scalars"]["angle"], 10000.0),
-        figures.singular_values_figure({"V/O map": L["vo_singular_values"]}),
-        figures.residual_figure({"kind": "permutation", "perm": [1, 0]}),
-        figures.invariance_figure(CHECKS, BREAKS), figures.group_dim_figure({"qk": 1}),
-        figures.sinusoidal_spectrum_figure([1.0, 0.5]),
+        alignment_figs.head_permutation_figure(L["head_perm"], 2), alignment_figs.head_permutations_overview([L["head_perm"]] * 7),
+        alignment_figs.mlp_permutation_figure(L["mlp_perm"]), alignment_figs.mlp_moved_figure([L["mlp_perm"]]),
+        alignment_figs.rope_scalars_figure(L["rope_scalars"]["abs"], L["rope_scalars"]["angle"], 10000.0),
+        alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}),
+        alignment_figs.residual_figure({"kind": "permutation", "perm": [1, 0]}),
+        symmetry_figs.invariance_figure(CHECKS, BREAKS), symmetry_figs.group_dim_figure({"qk": 1}),
+        symmetry_figs.sinusoidal_spectrum_figure([1.0, 0.5]),
     ]
     for f in figs:
         json.loads(f.to_json())

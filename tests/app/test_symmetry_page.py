@@ -9,7 +9,7 @@ from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import TINY
 
-from app import figures
+from app.figures import style
 from engine.checks import EXACT_TOL
 from engine.groups import sinusoidal_spectrum
 from engine.models import save_model
@@ -72,7 +72,7 @@ def test_a_zoo_model_shows_the_engines_checks_and_breaks(tiny_env):
     for t in chart(at, "checks_chart")["data"]:
         drawn |= dict(zip(t["y"], t["x"]))
     for r in rep["checks"] + rep["breaks"]:
-        assert drawn[r["group"]] == pytest.approx(max(r["max_rel_change"], figures.LOG_FLOOR))
+        assert drawn[r["group"]] == pytest.approx(max(r["max_rel_change"], style.LOG_FLOOR))
     assert {"qk_gl", "qk_other_layout"} <= set(drawn)  # RoPE's own break tests
     table = at.dataframe[0].value
     assert len(table) == len(rep["checks"]) + len(rep["breaks"])
@@ -91,7 +91,7 @@ def test_a_sinusoidal_directory_shows_the_table_spectrum(tiny_env, tmp_path):
     assert not at.exception
     s = sinusoidal_spectrum(TINY.n_ctx, TINY.d_model)["singular_values"]
     y = chart(at, "spectrum_chart")["data"][0]["y"]
-    assert list(y) == pytest.approx([max(v / s[0], figures.LOG_FLOOR) for v in s])
+    assert list(y) == pytest.approx([max(v / s[0], style.LOG_FLOOR) for v in s])
     claimed = dict(zip(at.dataframe[0].value["group"], at.dataframe[0].value["claimed"]))
     assert claimed["residual_orth"] == "approximate"  # the fixed table breaks exact residual rotations
     # dimensions only: the same directory's config, no checks

@@ -1,0 +1,184 @@
+"""Symmetry figures (Symmetry page): invariance checks, group dimensions, the RoPE-breaking and sinusoidal
+spectrum views. Pure: `engine.report.symmetry_report` fields in, figures out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import plotly.graph_objects as go
+
+from app.figures.style import (
+    CHECK_COLOURS,
+    CHECK_LABELS,
+    LOG_FLOOR,
+    PART_COLOURS,
+    PART_LABELS,
+    PE_COLOURS,
+    PE_NAMES,
+    REL_CHANGE_AXIS,
+    compact,
+)
+
+
+def check_status(row: dict, is_break: bool) -> str:
+    """'exact' | 'approximate' | 'break': how the engine classifies a check row."""
+    if is_break:
+        return "break"
+    return "exact" if row.get("exact") else "approximate"
+
+
+def invariance_figure(checks: Sequence[dict], breaks: Sequence[dict] = (), tol: float = 1e-10) -> go.Figure:
+    """Horizontal log bars of max_rel_change: symmetries should sit left of the exactness line at `tol`,
+    break tests far right of it. Rows with no measurement (None) are left out."""
+    rows = [(r, check_status(r, False)) for r in checks] + [(r, "break") for r in breaks]
+    rows = [(r, s) for r, s in rows if r.get("max_rel_change") is not None]
+    fig = go.Figure()
+    for status in ("exact", "approximate", "break"):
+        sel = [r for r, s in rows if s == status]
+        if not sel:
+            continue
+        fig.add_trace(go.Bar(
+            y=[r["group"] for r in sel], x=[max(r["max_rel_change"], LOG_FLOOR) for r in sel], orientation="h",
+            name=CHECK_LABELS[status], marker_color=CHECK_COLOURS[status],
+            customdata=[[r["kind"], r["max_rel_change"]] for r in sel],
+            hovertemplate="%{customdata[0]}<br>max relative change %{customdata[1]:.2e}<extra></extra>",
+        ))
+    # The line is named in the axis title: an annotation beside it collides with the legend.
+    fig.add_vline(x=tol, line={"color": "#333333", "dash": "dash", "width": 1.5})
+    fig.update_layout(
+        barmode="overlay",
+        xaxis={"title": {"text": f"{REL_CHANGE_AXIS} (log; dashed: exact below {tol:.0e})"}, "type": "log",
+               "exponentformat": "power"},
+        yaxis={"autorange": "reversed", "title": {"text": None}},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+        margin={"l": 10, "r": 10, "t": 60, "b": 10}, height=120 + 28 * max(len(rows), 1),
+    )
+    return fig
+
+
+
+
+def group_dim_figure(by_kind: dict[str, int]) -> go.Figure:
+    """Continuous dimension per component of the group; discrete parts (dimension 0) are left out.
+
+    A linear axis on purpose: RoPE's Q/K part next to the V/O part should look as small as it is.
+    """
+    items = [(k, v) for k, v in by_kind.items() if v]
+    fig = go.Figure(go.Bar(
+        x=[PART_LABELS.get(k, k) for k, _ in items], y=[v for _, v in items],
+        marker_color=[PART_COLOURS.get(k, "#888888") for k, _ in items],
+        text=[compact(v) for _, v in items], textposition="outside",
+        hovertemplate="%{x}: %{y:,} dimensions<extra></extra>",
+    ))
+    top = max((v for _, v in items), default=1)
+    fig.update_layout(yaxis={"title": {"text": "Group dimension (free parameters)"}, "range": [0, 1.15 * top]},
+                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=360, showlegend=False)
+    return fig
+
+
+PER_LAYER_PARTS = ("qk", "vo", "key_bias", "value_bias", "mlp", "ln_reader_gauge")
+
+
+def group_dim_per_layer_figure(per_layer: Sequence[dict]) -> go.Figure:
+    """Stacked per-layer dimension by component (every layer of a homogeneous stack is the same)."""
+    fig = go.Figure()
+    x = [f"layer {row['layer']}" for row in per_layer]
+    for part in PER_LAYER_PARTS:
+        y = [row.get(part, 0) for row in per_layer]
+        if not any(y):
+            continue
+        fig.add_trace(go.Bar(x=x, y=y, name=PART_LABELS[part], marker_color=PART_COLOURS[part],
+                             hovertemplate=f"%{{x}}, {PART_LABELS[part]}: %{{y:,}}<extra></extra>"))
+    fig.update_layout(barmode="stack", yaxis={"title": {"text": "Group dimension per layer (free parameters)"}},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0,
+                              "traceorder": "normal"},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10}, height=340)
+    return fig
+
+
+PE_COMPARE_PARTS = (("qk", "Q/K maps per layer"), ("vo", "V/O maps per layer"),
+                    ("residual_orth", "residual rotation"), ("pe_shift", "embedding / PE shift"))
+
+
+def pe_comparison_figure(dims_by_pe: dict[str, dict]) -> go.Figure:
+    """The same shape under each positional encoding: grouped bars of the group parts the PE changes.
+
+    `dims_by_pe` maps pe -> a group_dimension dict; per-layer parts are read from layer 0.
+    """
+    fig = go.Figure()
+    labels = [label for _, label in PE_COMPARE_PARTS]
+    top = 1
+    for pe, gd in dims_by_pe.items():
+        layer0 = gd["per_layer"][0] if gd["per_layer"] else {}
+        y = [layer0.get(k, 0) if k in ("qk", "vo") else gd["by_kind"].get(k, 0) for k, _ in PE_COMPARE_PARTS]
+        top = max(top, *y)
+        fig.add_trace(go.Bar(
+            x=labels, y=y, name=PE_NAMES.get(pe, pe),
+            marker_color=PE_COLOURS.get(pe, "#888888"), text=[compact(v) for v in y], textposition="outside",
+            hovertemplate=f"{PE_NAMES.get(pe, pe)}, %{{x}}: %{{y:,}}<extra></extra>",
+        ))
+    fig.update_layout(barmode="group", yaxis={"title": {"text": "Group dimension (free parameters)"},
+                                              "range": [0, 1.15 * top]},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+                      margin={"l": 10, "r": 10, "t": 50, "b": 10}, height=360)
+    return fig
+
+
+def rope_breaking_figure(rows: Sequence[dict]) -> go.Figure:
+    """RoPE breaking strength per frequency pair against omega_j * T (log x): pairs with omega T << 1
+    barely rotate over the context, so GL(2) on them is almost a symmetry (engine.checks.rope_breaking)."""
+    x = [r["omega_ctx"] for r in rows]
+    fig = go.Figure()
+    lo, hi = min(x, default=1e-3), max(x, default=1e3)
+    # The shaded band is explained by a legend entry: annotations on log axes are placed in log10 units.
+    fig.add_vrect(x0=min(lo, 0.1) / 2, x1=1, fillcolor="#EECA3B", opacity=0.15, line_width=0)
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="ω·T < 1: nearly GL(2) on the pair",
+                             marker={"symbol": "square", "size": 12, "color": "#EECA3B", "opacity": 0.4}))
+    fig.add_trace(go.Scatter(
+        x=x, y=[r["strength"] for r in rows], mode="lines+markers", name="max |sin(ω n)|, n < T",
+        line={"color": PE_COLOURS["rope"], "width": 3}, customdata=[[r["pair"], r["omega"]] for r in rows],
+        hovertemplate="pair %{customdata[0]}, ω = %{customdata[1]:.3g}<br>ω·T = %{x:.3g}: %{y:.3f}<extra></extra>",
+    ))
+    if rows and "rms" in rows[0]:
+        fig.add_trace(go.Scatter(
+            x=x, y=[r["rms"] for r in rows], mode="lines", name="RMS of |sin(ω n)| over n < T",
+            line={"color": PE_COLOURS["rope"], "width": 1.5, "dash": "dot"}, hoverinfo="skip",
+        ))
+    if rows and "measured" in rows[0]:
+        fig.add_trace(go.Scatter(
+            x=x, y=[r["measured"] for r in rows], mode="markers", name="measured logit change",
+            marker={"color": "#333333", "symbol": "x", "size": 7},
+        ))
+    fig.update_layout(
+        xaxis={"title": {"text": "ω_j · T  (radians turned over the context, log)"}, "type": "log",
+               "range": [math.log10(min(lo, 0.1) / 2), math.log10(hi * 2)], "exponentformat": "power"},
+        yaxis={"title": {"text": "Breaking strength (0 = GL(2) symmetric)"}, "range": [0, 1.08]},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+        margin={"l": 10, "r": 10, "t": 50, "b": 10}, height=360,
+    )
+    return fig
+
+
+def sinusoidal_spectrum_figure(singular_values: Sequence[float], rtol: float = 1e-6) -> go.Figure:
+    """Singular values of the sinusoidal table, relative to the largest (log y): the ones under
+    rtol * sigma_max make the exact residual group tiny and residual alignment approximate."""
+    s = list(singular_values)
+    top = s[0] if s and s[0] > 0 else 1.0
+    rel = [max(v / top, LOG_FLOOR) for v in s]
+    small = [v < rtol for v in rel]
+    fig = go.Figure(go.Scatter(
+        x=list(range(1, len(s) + 1)), y=rel, mode="lines+markers", name="σ_k / σ_max",
+        line={"color": PE_COLOURS["sinusoidal"], "width": 2},
+        marker={"size": 6, "color": [CHECK_COLOURS["break"] if b else PE_COLOURS["sinusoidal"] for b in small]},
+        customdata=s, hovertemplate="σ_%{x} = %{customdata:.3g} (%{y:.2e} σ_max)<extra></extra>",
+    ))
+    fig.add_hline(y=rtol, line={"color": "#333333", "dash": "dash", "width": 1.5})
+    fig.add_annotation(x=1, xref="paper", y=math.log10(rtol), xanchor="right", yanchor="bottom", showarrow=False,
+                       text=f"{rtol:g} σ_max", font={"color": "#333333", "size": 12})
+    fig.update_layout(
+        xaxis={"title": {"text": "index k (largest first)"}},
+        yaxis={"title": {"text": "σ_k / σ_max (log)"}, "type": "log", "exponentformat": "power"},
+        margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=340, showlegend=False,
+    )
+    return fig
