@@ -116,7 +116,7 @@ def model_shape(path: str | Path) -> Shape:
             from engine.models.reference import RefConfig, Transformer
 
             rc = RefConfig.from_dict(config)
-            module, arch = Transformer(rc), rc.arch()
+            module, arch = Transformer(rc, init=False), rc.arch()
         elif fam.name == "timm_vit":
             from engine.models import timm_vit
 

@@ -1,8 +1,9 @@
 """Function-preserving rewrites of a model's parameters (MATH.md section 3).
 
 - `fold_norms` moves RMSNorm gains into the readers after each norm (all gains become 1);
-  `fold_norms_` does the same in place, into a model's own tensors;
 - `layernorm_to_rmsnorm` rewrites a LayerNorm model as an RMSNorm model of the reference family;
+- `fold_norms_` and `layernorm_to_rmsnorm_` do the same in place, one tensor at a time, into the
+  tensors they are given (a model's own, for a run that needs no copy of it);
 - `reference_config_from_arch` gives the reference-family config whose module computes what an Arch
   describes, so that a rewritten model has a module to run in.
 
@@ -22,7 +23,7 @@ from engine.models.base import Arch, Params
 from engine.models.reference import RefConfig
 from engine.spec import build_spec, check_arch
 
-__all__ = ["fold_norms", "fold_norms_", "layernorm_to_rmsnorm", "reference_config_from_arch"]
+__all__ = ["fold_norms", "fold_norms_", "layernorm_to_rmsnorm", "layernorm_to_rmsnorm_", "reference_config_from_arch"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -46,9 +47,13 @@ def _norms(arch: Arch) -> list[tuple[str, int | None]]:
     return [(f"blocks.{i}.{n}", i) for i in range(arch.n_layers) for n in ("norm1", "norm2")] + [("norm_f", None)]
 
 
-def _fold_gain(W: Tensor, g: Tensor) -> Tensor:
-    """diag(g) W on the residual (input) axis of a reader: axis 0 of [D, n], axis 1 of [h, D, d]."""
-    return W * g[:, None] if W.dim() == 2 else W * g[None, :, None]
+def _fold_gain_(W: Tensor, g: Tensor) -> None:
+    """W <- diag(g) W on the residual (input) axis of a reader: axis 0 of [D, n], axis 1 of [h, D, d]."""
+    W.mul_(g[:, None] if W.dim() == 2 else g[None, :, None])
+
+
+def _copy(params: Params) -> Params:
+    return {k: v.clone() for k, v in params.items()}
 
 
 def fold_norms(arch: Arch, params: Params) -> tuple[Arch, Params]:
@@ -57,42 +62,36 @@ def fold_norms(arch: Arch, params: Params) -> tuple[Arch, Params]:
     RMSNorm(x) W = (x / rms(x)) diag(g) W, so the readers absorb diag(g) exactly. Tied embeddings are
     untied when the final gain is not all ones (the unembedding becomes diag(g) E^T while E, a writer,
     stays); the returned Arch then belongs to the reference family, whose module can hold the untied
-    head. Otherwise the family is unchanged and the Params fit the original model.
+    head. Otherwise the family is unchanged and the Params fit the original model. `params` are not
+    changed: fold_norms_ on a copy.
+    """
+    return fold_norms_(arch, _copy(params))
+
+
+@torch.no_grad()
+def fold_norms_(arch: Arch, params: Params) -> tuple[Arch, Params]:
+    """fold_norms written into the tensors of `params` themselves (views of a model: no copy is made).
+
+    Returns the new Arch and the folded Params: the same tensors, plus a new untied head where one is
+    needed (then the module the views belong to no longer computes the folded function: only a
+    reference-family model built from the returned Params does).
     """
     if arch.norm != "rmsnorm":
         raise SpecError(f"fold_norms folds RMSNorm gains, but this model uses {arch.norm}; "
                         "call layernorm_to_rmsnorm instead.")
     build_spec(arch, params)
-    p = {k: v.clone() for k, v in params.items()}
-    g_f = params["norm_f.g"]
-    untie = arch.tied_embeddings and not bool((g_f == 1).all())
+    p = dict(params)
+    untie = arch.tied_embeddings and not bool((p["norm_f.g"] == 1).all())
     if untie:
-        p["head.W"] = params["embed.tok"].T.clone()  # [D, V]
+        p["head.W"] = p["embed.tok"].T.clone()  # [D, V]
     for name, layer in _norms(arch):
-        g = params[f"{name}.g"]
+        g = p[f"{name}.g"]
         for W, _, _ in _readers(arch, name.split(".")[-1], layer):
             if W in p:
-                p[W] = _fold_gain(p[W], g)
-        p[f"{name}.g"] = torch.ones_like(g)
+                _fold_gain_(p[W], g)
+        g.fill_(1)
     new = replace(arch, tied_embeddings=False, family="reference") if untie else arch
     return new, p
-
-
-@torch.no_grad()
-def fold_norms_(arch: Arch, params: Params) -> None:
-    """fold_norms written into `params` themselves (views of a model: no copy is made).
-
-    Only where fold_norms keeps the Arch: RMSNorm, and no tied embedding to untie.
-    """
-    if arch.norm != "rmsnorm" or (arch.tied_embeddings and not bool((params["norm_f.g"] == 1).all())):
-        raise SpecError("Norm gains can be folded in place only into an RMSNorm model without a tied "
-                        "embedding to untie; use fold_norms.")
-    for name, layer in _norms(arch):
-        g = params[f"{name}.g"]
-        for W, _, _ in _readers(arch, name.split(".")[-1], layer):
-            if W in params:
-                params[W].copy_(_fold_gain(params[W], g))
-        g.fill_(1)
 
 
 def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
@@ -106,6 +105,19 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
     goes into the head bias).
     Fixed sinusoidal PE cannot be centred (it is not a parameter), so such a model is refused, as is a
     SwiGLU model with a LayerNorm bias (its gate branch has no bias to absorb beta).
+    `params` are not changed: layernorm_to_rmsnorm_ on a copy.
+    """
+    return layernorm_to_rmsnorm_(arch, _copy(params))
+
+
+@torch.no_grad()
+def layernorm_to_rmsnorm_(arch: Arch, params: Params) -> tuple[Arch, Params]:
+    """layernorm_to_rmsnorm written into the tensors of `params` themselves, one tensor at a time.
+
+    Returns the new Arch and Params: the same tensors (changed in place), plus the new ones the
+    rewrite needs (gains of 1, absent biases as zeros, an untied head). The module the views belong
+    to does not compute the rewritten function (it is no longer its family's): a reference-family
+    model built from the returned Params does.
     """
     if arch.norm != "layernorm":
         raise SpecError(f"layernorm_to_rmsnorm rewrites LayerNorm models, but this model uses {arch.norm}; "
@@ -115,42 +127,39 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
                         "sinusoidal table is a residual writer whose rows are not centred and cannot be changed.")
     build_spec(arch, params)
     D = arch.d_model
-    p = {k: v.clone() for k, v in params.items()}
-    beta = {name: params.get(f"{name}.b") for name, _ in _norms(arch)}
+    p = dict(params)
+    beta = {name: p.get(f"{name}.b") for name, _ in _norms(arch)}
     if arch.mlp == "swiglu" and any(b is not None and bool((b != 0).any()) for n, b in beta.items() if "norm2" in n):
         raise SpecError("A SwiGLU model with a LayerNorm bias cannot be rewritten: the gate branch has no bias "
                         "to absorb it.")
     bias = arch.attn_bias or arch.out_bias or arch.mlp_bias or arch.norm_bias
-    g_f, b_f = params["norm_f.g"], beta["norm_f"]
+    g_f, b_f = p["norm_f.g"], beta["norm_f"]
+    ref = {"dtype": g_f.dtype, "device": g_f.device}
     keep_tied = arch.tied_embeddings and bool((g_f == 1).all())
     untie = arch.tied_embeddings and not keep_tied
     head_bias = arch.head_bias or b_f is not None
     if untie:
-        p["head.W"] = params["embed.tok"].T.clone()  # [D, V] before centring: the reader sees E^T
+        p["head.W"] = p["embed.tok"].T.clone()  # [D, V] before centring: the reader sees E^T
     if bias:  # the reference family has all of these biases or none; absent ones are zero
-        ref = params["norm_f.g"]
-        dt, dev = ref.dtype, ref.device
         h, hkv, d, m = arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_mlp
         for i in range(arch.n_layers):
             b = f"blocks.{i}"
             for k, shape in ((f"{b}.attn.b_Q", (h, d)), (f"{b}.attn.b_K", (hkv, d)), (f"{b}.attn.b_V", (hkv, d)),
                              (f"{b}.attn.b_O", (D,)), (f"{b}.mlp.b_in", (m,)), (f"{b}.mlp.b_out", (D,))):
-                p.setdefault(k, torch.zeros(shape, dtype=dt, device=dev))
+                p.setdefault(k, torch.zeros(shape, **ref))
     if head_bias:
-        g_f = params["norm_f.g"]
-        p.setdefault("head.b", torch.zeros(arch.n_out, dtype=g_f.dtype, device=g_f.device))
+        p.setdefault("head.b", torch.zeros(arch.n_out, **ref))
 
-    # readers: gain into the weight, beta into the bias (using the weight before the gain)
+    # readers: beta into the bias (with the weight before the gain), then the gain into the weight
     for name, layer in _norms(arch):
-        g, b = params[f"{name}.g"], beta[name]
+        g, b = p.pop(f"{name}.g"), p.pop(f"{name}.b", None)
         for W, bW, eq in _readers(arch, name.split(".")[-1], layer):
             tied = W not in p  # kept tied: the unembedding is the centred embedding itself (gain 1)
             if b is not None and bW is not None:
-                p[bW] = p[bW] + torch.einsum(eq, b, params["embed.tok"].T if tied else p[W])
+                p[bW].add_(torch.einsum(eq, b, p["embed.tok"].T if tied else p[W]))
             if not tied:
-                p[W] = _fold_gain(p[W], g)
-        p[f"{name}.g"] = torch.ones_like(g)
-        p.pop(f"{name}.b", None)
+                _fold_gain_(p[W], g)
+        p[f"{name}.g"] = torch.ones(D, **ref)  # a new tensor: the model's own gain is left as it was
 
     # writers: centre along D, x (I - 11^T/D)
     writers = ["embed.tok", "embed.pos", "embed.patch.W", "embed.patch.b", "embed.cls"]
@@ -158,7 +167,7 @@ def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
         writers += [f"blocks.{i}.attn.W_O", f"blocks.{i}.attn.b_O", f"blocks.{i}.mlp.W_out", f"blocks.{i}.mlp.b_out"]
     for k in writers:
         if k in p:
-            p[k] = p[k] - p[k].mean(-1, keepdim=True)  # [..., D] every writer's D axis is last
+            p[k].sub_(p[k].mean(-1, keepdim=True))  # [..., D] every writer's D axis is last
     new = replace(arch, family="reference", norm="rmsnorm", norm_bias=False, attn_bias=bias, out_bias=bias,
                   mlp_bias=bias, head_bias=head_bias, tied_embeddings=keep_tied)
     build_spec(new, p)

@@ -29,7 +29,7 @@ from engine.interpolate import Progress
 from engine.models import Model, canonical, model_logits, set_canonical
 from engine.models.base import Arch, Params
 from engine.spec import KINDS, Spec, build_spec
-from engine.surgery import fold_norms, fold_norms_, layernorm_to_rmsnorm, reference_config_from_arch
+from engine.surgery import fold_norms_, layernorm_to_rmsnorm_, reference_config_from_arch
 from engine.symmetry import GroupElement, identity
 
 F64 = torch.float64
@@ -101,18 +101,18 @@ def model_for(template: Model, arch: Arch, params: Params, share: bool = False) 
     share=True (a twin only): the twin's parameters ARE the tensors of `params` (views of another
     model's storage, say), so the twin costs no memory; it must then be used read-only.
     """
-    from engine.models.reference import Transformer
+    from engine.models.reference import Transformer, module_from_params
 
     if arch == template.arch:
         m = copy.deepcopy(template)
     else:
         cfg = reference_config_from_arch(arch, patch_dim=_patch_dim(params))
+        if share:
+            module = module_from_params(cfg, params)
+            return Model("reference", cfg.arch(), module, cfg.to_dict(), name=template.name, path=None)
         p = next(template.module.parameters())
-        module = Transformer(cfg).to(dtype=p.dtype, device=p.device)
+        module = Transformer(cfg, init=False).to(dtype=p.dtype, device=p.device)
         m = Model("reference", cfg.arch(), module, cfg.to_dict(), name=template.name, path=None)
-        if share:  # the freshly built parameters are dropped here: only its buffers (RoPE tables...) stay
-            module.load_state_dict({k: v.detach() for k, v in params.items()}, strict=True, assign=True)
-            return m
     set_canonical(m, params)
     return m
 
@@ -120,29 +120,37 @@ def model_for(template: Model, arch: Arch, params: Params, share: bool = False) 
 def prepare_pair(a: Model, b: Model, classes: frozenset[str], in_place: bool = False) -> Pair:
     """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used.
 
-    in_place=True folds RMSNorm gains into the models' own tensors when that keeps their family (no
-    tied embeddings to untie): each model then computes the same function in folded coordinates and
-    no copy is made. Otherwise the rewrite works on copies and builds twins (model_for).
+    in_place=True consumes both models: the norms are folded (or rewritten) into their own tensors,
+    one tensor at a time. When the family is kept (RMSNorm, nothing to untie) each model still
+    computes the same function in folded coordinates; otherwise the pair's models are reference-family
+    twins whose parameters are those same tensors (plus the few the rewrite adds: unit gains, zero
+    biases, an untied head), and the original modules must not be used again. Without in_place (or
+    when an adapter's views are reshaped copies) the rewrite works on float64 copies.
     """
     pa, pb = canonical(a, copy=False), canonical(b, copy=False)  # views: aligners only read them
     arch = a.arch
     if "residual_orth" not in classes:
         return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "")
-    if in_place and _fold_in_place(a, pa) and _fold_in_place(b, pb):
-        return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "fold_norms")
-    rewrite = fold_norms if arch.norm == "rmsnorm" else layernorm_to_rmsnorm
-    arch_a, pa = rewrite(arch, {k: v.to(F64) for k, v in pa.items()})
-    arch_b, pb = rewrite(arch, {k: v.to(F64) for k, v in pb.items()})
+    rewrite_ = fold_norms_ if arch.norm == "rmsnorm" else layernorm_to_rmsnorm_
+    name = "fold_norms" if arch.norm == "rmsnorm" else "layernorm_to_rmsnorm"
+    if in_place and _own_views(a, pa) and _own_views(b, pb):
+        (arch_a, pa), (arch_b, pb) = rewrite_(arch, pa), rewrite_(arch, pb)
+        if arch_a == arch_b == arch:  # folded into the models themselves: no twin needed
+            return Pair(arch, build_spec(arch, pa), pa, pb, a, b, name)
+        share = True
+    else:
+        dtype = next(iter(pa.values())).dtype
+        (arch_a, pa), (arch_b, pb) = (rewrite_(arch, {k: v.to(F64, copy=True) for k, v in p.items()})
+                                      for p in (pa, pb))
+        pa, pb = ({k: v.to(dtype) for k, v in p.items()} for p in (pa, pb))
+        share = False
     if arch_a != arch_b:  # e.g. one tied model keeps its tie and the other does not
-        arch_a = arch_b = replace(arch_a, tied_embeddings=False) if arch_a.tied_embeddings else arch_a
+        arch_a = arch_b = replace(arch_a, tied_embeddings=False, family="reference")
         for p in (pa, pb):
-            p.setdefault("head.W", p["embed.tok"].T.clone())  # [D, V]
-    dtype = next(iter(canonical(a, copy=False).values())).dtype
-    pa = {k: v.to(dtype) for k, v in pa.items()}
-    pb = {k: v.to(dtype) for k, v in pb.items()}
-    ma, mb = model_for(a, arch_a, pa), model_for(b, arch_b, pb)
-    return Pair(arch_a, build_spec(arch_a, pa), canonical(ma, copy=False), canonical(mb, copy=False), ma, mb,
-                rewrite.__name__)
+            if "head.W" not in p:
+                p["head.W"] = p["embed.tok"].T.clone()  # [D, V]: its final gain is 1, it reads centred vectors
+    ma, mb = model_for(a, arch_a, pa, share=share), model_for(b, arch_b, pb, share=share)
+    return Pair(arch_a, build_spec(arch_a, pa), canonical(ma, copy=False), canonical(mb, copy=False), ma, mb, name)
 
 
 def storages(model: Model) -> set[int]:
@@ -151,16 +159,10 @@ def storages(model: Model) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
 
 
-def _fold_in_place(model: Model, views: Params) -> bool:
-    """fold_norms written into the model's own tensors; False (nothing changed) when it cannot be."""
-    arch = model.arch
-    if arch.norm != "rmsnorm" or (arch.tied_embeddings and not bool((views["norm_f.g"] == 1).all())):
-        return False
+def _own_views(model: Model, views: Params) -> bool:
+    """Every canonical tensor is a view of the model's own storage: writing into it reaches the model."""
     own = storages(model)
-    if not all(v.untyped_storage().data_ptr() in own for v in views.values()):
-        return False  # a reshaped copy among the views: writing into it would not reach the model
-    fold_norms_(arch, views)
-    return True
+    return all(v.untyped_storage().data_ptr() in own for v in views.values())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -275,26 +275,33 @@ class Head(nn.Module):
             self.b = nn.Parameter(torch.zeros(cfg.n_out))
 
 
+def tables(cfg: RefConfig) -> dict[str, torch.Tensor]:
+    """The model's fixed (non-learned) buffers: the sinusoidal PE table or the RoPE angle tables."""
+    if cfg.pe == "sinusoidal":
+        return {"pos_sin": sinusoidal_table(cfg.seq_len, cfg.d_model)}
+    if cfg.pe == "rope":
+        w = rope_frequencies(cfg.rot_dim, cfg.rope_base)  # [r/2]
+        ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * w  # [T, r/2]
+        # Kept in float64: `.to(dtype)` rounds them for float32 models, while float64 models get
+        # exact tables (needed to match other RoPE implementations to 1e-10).
+        return {"rope_cos": ang.cos(), "rope_sin": ang.sin()}
+    return {}
+
+
 class Transformer(nn.Module):
     """Reference LM (inputs [B, T] token ids) or ViT (inputs [B, C, H, W] images) -> logits."""
 
-    def __init__(self, cfg: RefConfig):
+    def __init__(self, cfg: RefConfig, init: bool = True):
         super().__init__()
         self.cfg = cfg
         self.embed = Embed(cfg)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm_f = Norm(cfg)
         self.head = Head(cfg)
-        if cfg.pe == "sinusoidal":
-            self.register_buffer("pos_sin", sinusoidal_table(cfg.seq_len, cfg.d_model), persistent=False)
-        if cfg.pe == "rope":
-            w = rope_frequencies(cfg.rot_dim, cfg.rope_base)  # [r/2]
-            ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * w  # [T, r/2]
-            # Kept in float64: `.to(dtype)` rounds them for float32 models, while float64 models get
-            # exact tables (needed to match other RoPE implementations to 1e-10).
-            self.register_buffer("rope_cos", ang.cos(), persistent=False)
-            self.register_buffer("rope_sin", ang.sin(), persistent=False)
-        self.reset_parameters(torch.Generator().manual_seed(0))
+        for k, v in tables(cfg).items():
+            self.register_buffer(k, v, persistent=False)
+        if init:  # init=False leaves the parameters as allocated (uninitialised): they are about to be loaded
+            self.reset_parameters(torch.Generator().manual_seed(0))
 
     def reset_parameters(self, g: torch.Generator) -> None:
         """GPT-2 style init: N(0, 0.02), residual writers scaled by 1/sqrt(2 n_layers)."""
@@ -350,7 +357,7 @@ class Transformer(nn.Module):
 
 
 def build(cfg: RefConfig, seed: int = 0, dtype: torch.dtype = torch.float32) -> Model:
-    module = Transformer(cfg)
+    module = Transformer(cfg, init=False)
     module.reset_parameters(torch.Generator().manual_seed(seed))
     module.to(dtype)
     return Model(FAMILY, cfg.arch(), module, cfg.to_dict())
@@ -371,9 +378,9 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
     path = Path(path)
     cfg = RefConfig.from_dict(read_config(path))
     with torch.device("meta"):  # shapes only: a config far larger than its weights is refused unallocated
-        expected = Transformer(cfg).state_dict()
+        expected = Transformer(cfg, init=False).state_dict()
     state = read_safetensors(path / "model.safetensors", expected)
-    module = Transformer(cfg).to(dtype)  # before loading: a float32 module would round float64 weights
+    module = Transformer(cfg, init=False).to(dtype)  # before loading: a float32 module would round float64 weights
     module.load_state_dict(state)
     return Model(FAMILY, cfg.arch(), module, cfg.to_dict(), name=path.name, path=path)
 
@@ -382,6 +389,18 @@ def save(model: Model, path: Path) -> None:
     from engine.models.io import write_checkpoint
 
     write_checkpoint(Path(path), model.config, dict(model.module.state_dict()))
+
+
+def module_from_params(cfg: RefConfig, params: Params) -> Transformer:
+    """A module whose parameters ARE the tensors of `params` (views of another model's storage, say):
+    nothing is allocated or initialised but its fixed tables, in the parameters' dtype and device."""
+    ref = next(iter(params.values()))
+    with torch.device("meta"):
+        module = Transformer(cfg, init=False)
+    module.load_state_dict({k: v.detach() for k, v in params.items()}, strict=True, assign=True)
+    for k, v in tables(cfg).items():
+        setattr(module, k, v.to(dtype=ref.dtype, device=ref.device))
+    return module
 
 
 def to_canonical(model: Model) -> Params:

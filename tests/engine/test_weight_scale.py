@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from engine.align.common import storages
 from engine.align.run import align, endpoint_check
 from engine.align.weight import INIT_STEPS, weight_match
 from engine.errors import LMCError
@@ -60,6 +61,33 @@ def test_rmsnorm_gains_are_folded_into_the_models_themselves():
     gains = [v for k, v in canonical(a, copy=False).items() if k.endswith(".g")]
     assert all(bool((g == 1).all()) for g in gains)
     assert (a.module(input_ids=x).logits - la).abs().max() < 1e-12 * la.abs().max()
+
+
+@pytest.mark.parametrize("name", ["hf_gpt2", "lm-layernorm-bias-relu"])
+def test_layernorm_rewrite_in_place_makes_twins_of_the_models_own_tensors(name):
+    """Residual rotations of a LayerNorm model: the rewrite goes into the models' own tensors, the
+    twins hold those very tensors (only unit gains, zero biases and an untied head are new), and the
+    result equals the copying rewrite's."""
+    a = make_case(name)
+    b, _, planted_kinds = planted(a)  # a residual permutation: a rotation too
+    kinds = (planted_kinds - {"residual_perm"}) | {"residual_orth"}
+    ref = align(copy.deepcopy(a), copy.deepcopy(b), "weight", classes=sorted(kinds))
+    x = eval_set_for(a, "val", 64).inputs[:2]
+    la, lb = a.module(x), b.module(x)
+    la, lb = (getattr(v, "logits", v) for v in (la, lb))
+    own_a = storages(a)
+    al = align(a, b, "weight", classes=sorted(kinds), in_place=True)
+    assert al.pair.rewrite == "layernorm_to_rmsnorm" and al.pair.model_a is not a
+    twin_a = canonical(al.pair.model_a, copy=False)
+    new = {k for k, v in twin_a.items() if v.untyped_storage().data_ptr() not in own_a}
+    assert new and all(k.endswith((".g", ".b", ".b_Q", ".b_K", ".b_V", ".b_O", ".b_in", ".b_out")) or k == "head.W"
+                       for k in new), new
+    assert sum(twin_a[k].numel() for k in new if k != "head.W") < 0.05 * sum(v.numel() for v in twin_a.values())
+    assert (al.pair.model_a.module(x) - la).abs().max() < 1e-10 * la.abs().max()  # A's function, in its own tensors
+    for k, v in ref.moved_params.items():
+        assert torch.allclose(canonical(al.model_b, copy=False)[k], v, rtol=0, atol=1e-10), k
+    moved_logits = al.model_b.module(x)
+    assert (moved_logits - lb).abs().max() < 1e-9 * lb.abs().max()  # g.B computes B
 
 
 def test_planted_permutations_end_at_a_fixed_point_after_one_sweep():
