@@ -103,7 +103,7 @@ def matmul_seconds() -> float:
     return best
 
 
-def measure(task: str, a_dir: Path, b_dir: Path) -> dict:
+def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = None) -> dict:
     import threading
 
     import torch
@@ -137,7 +137,7 @@ def measure(task: str, a_dir: Path, b_dir: Path) -> dict:
     if task in ("weight", "activation", "learned", "dual"):
         from engine.align.run import align
 
-        al = align(a, b, task, steps=3 if task in ("learned", "dual") else 0, in_place=True,
+        al = align(a, b, task, classes, steps=3 if task in ("learned", "dual") else 0, in_place=True,
                    compare_one_sided=False)
         info = al.out.info
         out |= {"sweeps": len(info.get("sweeps", [])), "stop": info.get("stop"), "classes": sorted(al.classes)}
@@ -147,8 +147,9 @@ def measure(task: str, a_dir: Path, b_dir: Path) -> dict:
         from engine.api import run_pair
         from engine.results import RunConfig
 
-        rec = run_pair(RunConfig(str(a_dir), str(b_dir), "weight", points=3, eval_items=2048))
-        out |= {"barrier": rec["barrier"], "endpoints": [rec["endpoint_loss_a"], rec["endpoint_loss_b"]]}
+        rec = run_pair(RunConfig(str(a_dir), str(b_dir), "weight", classes=tuple(classes or ()), points=3, eval_items=2048))
+        out |= {"barrier": rec["barrier"], "endpoints": [rec["endpoint_loss_a"], rec["endpoint_loss_b"]],
+                "classes": rec["alignment"]["classes"]}
     elif task == "eval":
         from engine.evaluate import evaluate, lm_eval_set
 
@@ -188,10 +189,11 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/lmc-bench")
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=PAIRS)
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
+    ap.add_argument("--classes", nargs="+", help="symmetry classes for the aligning tasks (default: the method's)")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]))))
+        print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]), args.classes)))
         return
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -200,8 +202,9 @@ def main() -> None:
     for name in args.pairs:
         a, b = pair_dirs(root, name)
         for task in args.tasks:
-            p = subprocess.run([sys.executable, __file__, "--one", task, str(a), str(b)], capture_output=True, check=False,
-                               text=True, cwd=ROOT)
+            cmd = [sys.executable, __file__, "--one", task, str(a), str(b)] + (["--classes", *args.classes]
+                                                                                 if args.classes else [])
+            p = subprocess.run(cmd, capture_output=True, check=False, text=True, cwd=ROOT)
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"task": task, "error": p.stderr.strip().splitlines()[-1:]}
             r["pair"] = name
@@ -212,7 +215,7 @@ def main() -> None:
         if "error" in r:
             print(f"| {r['pair']} | {r['task']} | - | - | - | failed: {r['error']} |")
             continue
-        notes = {k: r[k] for k in ("sweeps", "stop", "relative_distance", "barrier", "tokens_per_s",
+        notes = {k: r[k] for k in ("classes", "sweeps", "stop", "relative_distance", "barrier", "tokens_per_s",
                                    "fraction_of_matmul_rate", "load_avg") if k in r}
         print(f"| {r['pair']} | {r['task']} | {r['seconds']:.1f} | {r['matmul_units']:.0f} | "
               f"{r['peak_over_model']:.2f} | {json.dumps(notes)} |")

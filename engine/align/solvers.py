@@ -16,6 +16,7 @@ takes old index perm[i]. Everything here is float64 and deterministic.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -90,15 +91,31 @@ def residual_perm_of(Omega: Tensor) -> Tensor | None:
 # Orthogonal maps
 
 
+_single = threading.local()  # depth of nested single_thread blocks in this thread
+
+
 @contextmanager
 def single_thread() -> Iterator[None]:
-    """Small d x d solves on one thread: on a busy machine extra BLAS / OpenMP threads only wait (20x slower)."""
+    """Small d x d solves on one thread: on a busy machine extra BLAS / OpenMP threads only wait (20x slower).
+
+    Re-entrant: inside another single_thread block it costs nothing (threadpoolctl's limiter inspects
+    every loaded library, a few ms)."""
+    depth = getattr(_single, "depth", 0)
+    if depth:
+        _single.depth = depth + 1
+        try:
+            yield
+        finally:
+            _single.depth = depth
+        return
     n = torch.get_num_threads()
     torch.set_num_threads(1)
+    _single.depth = 1
     try:
         with threadpool_limits(1):
             yield
     finally:
+        _single.depth = 0
         torch.set_num_threads(n)
 
 

@@ -52,6 +52,7 @@ REL_TOL = 1e-6  # relative objective decrease below which a sweep counts as no c
 INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
 INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
 SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
+KEEP_BYTES = 1 << 28  # working copies up to this size are kept, not recomputed (small models: all of them)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,9 +272,25 @@ def solve_residual(M: Tensor, perm: bool) -> Tensor:
     return residual_perm_from_scores(M) if perm else procrustes(M)
 
 
-def _moved(spec: Spec, mats: dict, p: Params, keys: list[str], wd: torch.dtype) -> Params:
-    """The parameters `keys` of p moved by the maps `mats` (symmetry.element_maps), in the work dtype."""
-    return {k: act(spec.params[k], mats, p[k].detach().to("cpu", wd)) for k in keys}
+class Blocks:
+    """One model's blocks in the work dtype, converted when asked for; kept when `keep` (a small model:
+    its float64 copy is a few MB, converting it again every sweep would cost more than the sweep)."""
+
+    def __init__(self, p: Params, wd: torch.dtype, keep: bool):
+        self.p, self.wd, self.kept = p, wd, {} if keep else None
+
+    def get(self, keys: list[str]) -> Params:
+        if self.kept is None:
+            return {k: self.p[k].detach().to("cpu", self.wd) for k in keys}
+        for k in keys:
+            if k not in self.kept:
+                self.kept[k] = self.p[k].detach().to("cpu", self.wd)
+        return {k: self.kept[k] for k in keys}
+
+
+def _moved(spec: Spec, mats: dict, block: Params) -> Params:
+    """The parameters of `block` moved by the maps `mats` (symmetry.element_maps)."""
+    return {k: act(spec.params[k], mats, v) for k, v in block.items()}
 
 
 def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
@@ -295,7 +312,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     # Keep the 3L circuits of both models while they take at most half a model's bytes (GPT-2-small:
     # 170 MB); beyond (Llama-7B: 13 GB in float32) recompute them layer by layer at every step.
     model_bytes = sum(v.numel() * v.element_size() for v in pa.values())
-    kept = 6 * L * D * D * torch.finfo(wd).bits // 8 <= model_bytes // 2
+    kept = 6 * L * D * D * torch.finfo(wd).bits // 8 <= max(model_bytes // 2, KEEP_BYTES)
 
     def circuit_pairs() -> Iterator[tuple[Tensor, Tensor]]:
         for layer in range(L):
@@ -342,13 +359,23 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
 
     Streams: each sweep visits one block at a time, moving only that block's parameters of B (by the
     residual map for the per-layer problems, by the block's own transform for the residual fit); the
-    whole model is never copied. Every per-layer problem depends on Omega alone (their invariants do
+    whole model is never copied, except a small model's float64 blocks (KEEP_BYTES). Every per-layer problem depends on Omega alone (their invariants do
     not see each other), so a sweep whose new Omega equals the old one is a fixed point.
     """
+    wd = work_dtype(pair.params_a)
+    if wd != F64:
+        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
+    with single_thread():  # a small model: nothing but small products, which extra threads only slow down
+        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
+
+
+def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structure: str | None, max_sweeps: int,
+                  progress: Progress | None, cancel: CancelToken | None) -> tuple[GroupElement, dict]:
     t = tick()
     arch, spec = pair.arch, pair.spec
     pa, pb = pair.params_a, pair.params_b
-    wd = work_dtype(pa)
+    keep = 2 * sum(v.numel() for v in pa.values()) * torch.finfo(wd).bits // 8 <= KEEP_BYTES
+    ba, bb = Blocks(pa, wd, keep), Blocks(pb, wd, keep)
     structure = qk_structure or spec.groups["blocks.0.qk"].structure
     res_kinds = [k for k in RESIDUAL if k in kinds]
     perm_res = res_kinds == ["residual_perm"]
@@ -373,8 +400,8 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
         layers = []
         for layer, keys in enumerate(block_keys):
             check(cancel, f"weight matching, sweep {sweep + 1}, layer {layer + 1}/{arch.n_layers}")
-            la = {k: pa[k].detach().to("cpu", wd) for k in keys}
-            lb = _moved(spec, mats_o, pb, keys, wd)  # B's block seen through Omega
+            la = ba.get(keys)
+            lb = _moved(spec, mats_o, bb.get(keys))  # B's block seen through Omega
             hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
             with single_thread():  # d x d solves: on a busy machine extra threads only wait
                 A, B = within_head(arch, structure, la, lb, layer, hp, kinds, g.layers[layer] if sweep else None)
@@ -384,7 +411,7 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
             del lb
             with single_thread():
                 maps = layer_maps(layer, el)
-            for k, v in _moved(spec, maps, pb, keys, wd).items():  # B's block moved by el alone
+            for k, v in _moved(spec, maps, bb.get(keys)).items():  # B's block moved by el alone
                 terms.add(res, k, la[k], v)
             if progress:
                 progress(layer + 1, arch.n_layers, f"sweep {sweep + 1}: layer {layer + 1}/{arch.n_layers}")

@@ -67,8 +67,9 @@ def test_gpt2_small_estimate_is_its_124m_parameters(tmp_path):
     w = estimate_run([d, d], "weight", eval_items=65_536)
     assert "aligned B" not in w.parts  # B is moved in place
     assert 0.5 * est.parts["path model"] < w.parts["weight matching scratch"] < 2 * est.parts["path model"]
-    rw = estimate_run([d, d], "weight", eval_items=65_536, classes=("residual_orth",))  # LayerNorm -> twins
-    assert rw.parts["aligned B"] == est.parts["path model"] and rw.total_bytes > w.total_bytes
+    rw = estimate_run([d, d], "weight", eval_items=65_536, classes=("residual_orth",))  # rewritten in place
+    assert "aligned B" not in rw.parts and rw.parts["untied heads"] == 2 * V * D * 4
+    assert rw.total_bytes == w.total_bytes + 2 * V * D * 4
     learned, dual = (estimate_run([d, d], m, eval_items=65_536) for m in ("learned", "dual"))
     assert w.total_bytes < learned.total_bytes < dual.total_bytes
 
