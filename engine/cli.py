@@ -1,4 +1,4 @@
-"""`python -m engine ...`: train, zoo, interpolate, align, cache, symmetry.
+"""`python -m engine ...`: train, zoo, interpolate, align, cache, runs, symmetry.
 
 Every user error is one line `error: ...` on stderr and exit status 2, never a traceback: bad
 arguments (argparse's own errors included), bad model directories and configs, and output locations
@@ -274,6 +274,46 @@ def cache_table() -> str:
     return "\n".join(rows)
 
 
+def cmd_runs(args) -> None:
+    """The run history (engine.history): list it, show one run, delete runs the tool wrote."""
+    from engine import history
+
+    ids = list(dict.fromkeys(args.ids))  # a run named twice is deleted once
+    if args.json and args.action != "show":
+        raise LMCError("--json applies to `runs show`.")
+    if args.action == "list":
+        if ids:
+            raise LMCError("`runs list` lists every run; `runs show ID` shows one.")
+        runs = history.list_runs()
+        if not runs:
+            print(f"no runs kept in {history.runs_dir()}; runs finished in the app are kept there")
+            return
+        print(f"{'id':<23} {'created':<20} {'status':<7} {'method':<10} {'barrier':>8} {'midpoint':>8} "
+              f"{'items':>7}  pair")
+        for r in map(history.summary, runs):
+            items = f"{r['eval_items']:,}" if isinstance(r["eval_items"], int) else "all"
+            print(f"{r['id']:<23} {r['created'] or '-':<20} {r['status']:<7} {r['method']:<10} "
+                  f"{r['barrier']:8.4f} {r['midpoint_barrier']:8.4f} {items:>7}  {r['model_a']} / {r['model_b']}")
+        print(f"{len(runs)} run(s) in {history.runs_dir()}")
+    elif args.action == "show":
+        if len(ids) != 1:
+            raise LMCError(f"`runs show` takes one run id, not {len(ids)}.")
+        entry = history.load_run(ids[0])
+        if args.json:
+            print(json.dumps(entry, indent=1))
+            return
+        run = entry["run"]
+        print(f"run {run['id']}: {run['status']}, created {entry.get('created', '-')}, kept {run.get('saved', '-')}")
+        _print_path_table(entry)
+    else:
+        if not ids:
+            raise LMCError("`runs delete` needs the ids of the runs to delete (`runs list` shows them).")
+        for i in ids:  # every run is checked before any is deleted
+            history.own_file(i)
+        for i in ids:
+            print(f"deleted run {i} ({history.delete_run(i)})")
+
+
 def cmd_symmetry(args) -> None:
     from engine.report import format_report, symmetry_report
 
@@ -410,6 +450,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", help="zoo names: build only the pairs containing them")
     p.add_argument("--force", action="store_true", help="recompute records that are already up to date")
     p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("runs", help="list, show or delete the live runs kept in the run history")
+    p.add_argument("action", choices=["list", "show", "delete"])
+    p.add_argument("ids", nargs="*", metavar="ID", type=_path, help="run ids, as `runs list` shows them")
+    p.add_argument("--json", action="store_true", help="`runs show`: the whole run file as JSON")
+    p.set_defaults(fn=cmd_runs)
 
     p = sub.add_parser("symmetry", help="symmetry-group diagnostics of a model")
     p.add_argument("model", type=_path,

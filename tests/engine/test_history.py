@@ -1,0 +1,229 @@
+"""The run history (engine.history) and `python -m engine runs`: live runs kept in a user store.
+
+Records come from real engine runs on tiny reference models (one LM pair, one ViT pair); every test
+points the history at its own directory through LMC_EXPLORER_HOME.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from ref_models import tiny
+
+from engine import history
+from engine.api import run_pair
+from engine.cli import main
+from engine.errors import LMCError, OutputError
+from engine.models import reference, save_model
+from engine.results import CACHE, RunConfig, StoreWarning, load_record, record_problem
+
+
+@pytest.fixture(scope="module")
+def recs(tmp_path_factory) -> SimpleNamespace:
+    """A naive LM record, a weight-matching LM record of the same pair, and a naive ViT record."""
+    root = tmp_path_factory.mktemp("models")
+    for name, cfg in (("lm", tiny(vocab_size=256)), ("vit", tiny("vit", n_ctx=32))):
+        for s in (0, 1):
+            save_model(reference.build(cfg, seed=s), root / f"{name}{s}")
+
+    def run(task: str, method: str) -> dict:
+        return run_pair(RunConfig(str(root / f"{task}0"), str(root / f"{task}1"), method, eval_items=64, points=5))
+
+    return SimpleNamespace(lm=run("lm", "naive"), lm_weight=run("lm", "weight"), vit=run("vit", "naive"))
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("LMC_EXPLORER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("LMC_CACHE_DIR", raising=False)
+    return tmp_path / "home" / "runs"
+
+
+def files(d: Path) -> list[str]:
+    return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the history lives
+
+
+def test_the_store_is_the_users_own(monkeypatch, tmp_path):
+    monkeypatch.delenv("LMC_EXPLORER_HOME", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setattr(history.sys, "platform", "linux")
+    assert history.runs_dir() == tmp_path / "data" / "lmc-explorer" / "runs"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/dir")  # the XDG spec says: ignore a relative path
+    assert history.runs_dir() == Path.home() / ".local" / "share" / "lmc-explorer" / "runs"
+    monkeypatch.setenv("LMC_EXPLORER_HOME", str(tmp_path / "elsewhere"))
+    assert history.runs_dir() == tmp_path / "elsewhere" / "runs"
+
+
+def test_the_shipped_store_and_files_are_refused(recs, home, monkeypatch, tmp_path):
+    with pytest.raises(OutputError, match="lies in the result store .*shipped records"):
+        history.save_run(recs.lm, root=CACHE / "runs")
+    store = tmp_path / "my_store"
+    monkeypatch.setenv("LMC_CACHE_DIR", str(store))
+    monkeypatch.setenv("LMC_EXPLORER_HOME", str(store.parent / "my_store"))  # runs/ would sit in the store in use
+    with pytest.raises(OutputError, match="lies in the result store"):
+        history.list_runs()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(OutputError, match=f"Run history {a_file} is not a directory"):
+        history.list_runs(a_file)
+    assert not (CACHE / "runs").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Save, list, load, delete
+
+
+def test_a_saved_run_reads_back_as_the_same_record(recs, home):
+    entry = history.save_run(recs.lm)
+    run_id = entry["run"]["id"]
+    assert history.RUN_ID.fullmatch(run_id) and entry["run"]["status"] == "done"
+    assert files(home) == [f"run-{run_id}.json"]
+    on_disk = load_record(home / f"run-{run_id}.json")  # the same record format as cached_results/
+    assert record_problem(on_disk) is None
+    assert {k: v for k, v in on_disk.items() if k != "run"} == json.loads(json.dumps(recs.lm))
+    assert history.load_run(run_id) == on_disk
+    assert history.list_runs() == [on_disk]
+    row = history.summary(on_disk)
+    assert (row["id"], row["method"], row["task"], row["pe"], row["barrier"], row["eval_items"]) == \
+        (run_id, "naive", "lm", recs.lm["arch"]["pe"], recs.lm["barrier"], recs.lm["eval_tokens"])
+    assert row["created"] == recs.lm["created"]
+
+
+def test_runs_list_newest_first_with_their_status(recs, home):
+    ids = [history.save_run(r, status=s)["run"]["id"]
+           for r, s in ((recs.lm, "done"), (recs.vit, "stopped"), (recs.lm_weight, "done"))]
+    assert len(set(ids)) == 3
+    listed = history.list_runs()
+    assert [e["run"]["id"] for e in listed] == ids[::-1]  # newest first, also within one second
+    assert {e["run"]["id"]: e["run"]["status"] for e in listed} == dict(zip(ids, ("done", "stopped", "done")))
+
+
+def test_bad_saves_are_refused_and_write_nothing(recs, home):
+    with pytest.raises(LMCError, match="status must be one of done, stopped, failed, not 'finished'"):
+        history.save_run(recs.lm, status="finished")
+    broken = {k: v for k, v in recs.lm.items() if k != "loss"}
+    with pytest.raises(LMCError, match=r"Cannot keep a broken record in the run history: .*missing loss"):
+        history.save_run(broken)
+    assert files(home) == []
+
+
+def test_delete_removes_only_the_run_it_names(recs, home):
+    keep, gone = (history.save_run(r)["run"]["id"] for r in (recs.lm, recs.vit))
+    assert history.delete_run(gone) == home / f"run-{gone}.json"
+    assert files(home) == [f"run-{keep}.json"]
+    with pytest.raises(LMCError, match=f"There is no run {gone} in the run history"):
+        history.delete_run(gone)
+    with pytest.raises(LMCError, match="'../x' is not a run id"):
+        history.delete_run("../x")
+
+
+def test_files_the_tool_did_not_write_are_skipped_and_never_deleted(recs, home):
+    good = history.save_run(recs.lm)["run"]["id"]
+    other = history.new_run_id()
+    (home / f"run-{other}.json").write_text("{not json")  # corrupt, under a run's name
+    (home / "notes.json").write_text(json.dumps(recs.lm))  # foreign name
+    renamed = history.new_run_id()
+    while renamed == other:
+        renamed = history.new_run_id()
+    entry = history.load_run(good)
+    (home / f"run-{renamed}.json").write_text(json.dumps(entry))  # a copy under another run's name
+    plain = history.new_run_id()
+    while plain in (other, renamed):
+        plain = history.new_run_id()
+    (home / f"run-{plain}.json").write_text(json.dumps(recs.lm))  # a record, but not a kept run
+    (home / ".run-x.json.tmp").write_text("")  # a write in progress: not looked at
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        runs = history.list_runs()
+    assert [e["run"]["id"] for e in runs] == [good]
+    said = sorted(str(w.message) for w in caught if w.category is StoreWarning)
+    assert len(said) == 4
+    assert any(str(home / "notes.json") in s and "is not a run file of this tool" in s for s in said)
+    assert any(f"run-{other}.json" in s and "is not valid JSON" in s for s in said)
+    assert any(f"run-{renamed}.json holds run {good}, not the run its name says" in s for s in said)
+    assert any(f"run-{plain}.json" in s and 'no "run" object' in s for s in said)
+    before = files(home)
+    for run_id in (other, renamed, plain):
+        with pytest.raises(OutputError, match="deletes only runs it wrote, so the file was left alone"):
+            history.delete_run(run_id)
+    link = history.new_run_id()
+    os.symlink(home / f"run-{good}.json", home / f"run-{link}.json")
+    with pytest.raises(OutputError, match="is a symbolic link, not a file the tool wrote"):
+        history.delete_run(link)
+    assert files(home) == sorted([*before, f"run-{link}.json"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparing
+
+
+def test_compare_reads_barriers_against_the_first(recs, home):
+    a, b = history.save_run(recs.lm), history.save_run(recs.lm_weight)
+    rows = history.compare([a, b])
+    assert [r["id"] for r in rows] == [a["run"]["id"], b["run"]["id"]]
+    assert rows[0]["barrier_vs_first"] == 0
+    assert rows[1]["barrier_vs_first"] == pytest.approx(recs.lm_weight["barrier"] - recs.lm["barrier"], rel=1e-12)
+    assert (rows[1]["endpoint_loss_a"], rows[1]["endpoint_loss_b"]) == \
+        (recs.lm_weight["endpoint_loss_a"], recs.lm_weight["endpoint_loss_b"])
+    v = history.save_run(recs.vit)
+    with pytest.raises(LMCError, match=f"Runs {a['run']['id']} and {v['run']['id']} cannot share a chart: one "
+                                       "measures loss per byte, the other per image"):
+        history.compare([a, v])
+    with pytest.raises(LMCError, match="Pick at least one run"):
+        history.compare([])
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI
+
+
+def test_cli_lists_shows_and_deletes(recs, home, capsys):
+    assert main(["runs", "list"]) == 0
+    assert capsys.readouterr().out.startswith(f"no runs kept in {home}")
+    a, b = (history.save_run(r)["run"]["id"] for r in (recs.lm, recs.lm_weight))
+    assert main(["runs", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith(b) and out[2].startswith(a)  # newest first
+    assert f"{recs.lm['barrier']:8.4f}" in out[2] and "naive" in out[2]
+    assert out[-1] == f"2 run(s) in {home}"
+    assert main(["runs", "show", a]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"run {a}: done, created {recs.lm['created']}")
+    assert f"barrier {recs.lm['barrier']:.4f}" in out
+    assert main(["runs", "show", a, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == history.load_run(a)
+    assert main(["runs", "delete", b, b]) == 0
+    assert capsys.readouterr().out == f"deleted run {b} ({home / f'run-{b}.json'})\n"
+    assert files(home) == [f"run-{a}.json"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["runs", "show"], "`runs show` takes one run id, not 0."),
+    (["runs", "list", "x"], "`runs list` lists every run; `runs show ID` shows one."),
+    (["runs", "delete"], "`runs delete` needs the ids of the runs to delete"),
+    (["runs", "list", "--json"], "--json applies to `runs show`."),
+    (["runs", "show", "20990101T000000Z-abcdef"], "There is no run 20990101T000000Z-abcdef in the run history"),
+    (["runs", "show", "latest"], "'latest' is not a run id"),
+])
+def test_cli_refusals_are_one_line(argv, says, home, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {says}") and err.count("\n") == 1
+
+
+def test_cli_delete_checks_every_run_before_deleting_any(recs, home, capsys):
+    good = history.save_run(recs.lm)["run"]["id"]
+    bad = history.new_run_id()
+    (home / f"run-{bad}.json").write_text("[]")
+    assert main(["runs", "delete", good, bad]) == 2
+    assert "left alone" in capsys.readouterr().err
+    assert files(home) == sorted([f"run-{good}.json", f"run-{bad}.json"])
