@@ -11,6 +11,9 @@ CancelToken (engine.cancel). The engine checks it before every layer, step, eval
 grid point, so the worker ends, and the CPU falls idle, within one unit of work. A session counts
 as ended once streamlit has held it disconnected for SESSION_GRACE_S (a tab closed; a brief network
 drop reconnects to the same session and keeps its run).
+
+A run that ends with a record is kept in the user's run history (engine.history, the Runs page),
+by the worker itself, so it is kept even when nobody watches the page any more.
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ def _run_pair(cfg: RunConfig, progress, cancel: CancelToken) -> dict:
     return api.run_pair(cfg, progress, cancel=cancel)
 
 
+def keep_in_history(record: dict) -> None:
+    """Keep a finished run's record in the user's run history (engine.history), across sessions."""
+    from engine import history
+
+    history.save_run(record)
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """What the page draws of a run at one moment (copied under the run's lock)."""
@@ -69,6 +79,7 @@ class LiveRun:
     estimates: dict[str, float | None] = field(default_factory=dict)
     run: Runner = _run_pair
     alive: Callable[[], bool] | None = None  # is the owning session still connected?
+    keep: Callable[[dict], None] | None = None  # where a finished run's record is kept (keep_in_history)
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
@@ -130,6 +141,11 @@ class LiveRun:
         try:
             record = self.run(self.cfg, self._progress, cancel=self.token)
             state = "done"
+            if self.keep is not None:  # only a run that produced a record is kept: a stopped one has none
+                try:
+                    self.keep(record)
+                except LMCError as e:
+                    message = f"The run finished but could not be kept in the run history: {e}"
         except Cancelled as e:
             state, message = "stopped", str(e)
         except LMCError as e:
@@ -167,10 +183,11 @@ def current(state: MutableMapping) -> LiveRun | None:
 
 
 def start(state: MutableMapping, cfg: RunConfig, estimates: dict[str, float | None] | None = None,
-          run: Runner = _run_pair) -> LiveRun:
-    """Start `cfg` as the session's run; a run still going is stopped first (one run per session)."""
+          run: Runner = _run_pair, keep: Callable[[dict], None] | None = keep_in_history) -> LiveRun:
+    """Start `cfg` as the session's run; a run still going is stopped first (one run per session).
+    Its record, once done, is kept by `keep` (the user's run history)."""
     stop(state, "stopped because a new run started")
-    live = LiveRun(cfg, dict(estimates or {}), run, alive=session_alive())
+    live = LiveRun(cfg, dict(estimates or {}), run, alive=session_alive(), keep=keep)
     state[KEY] = live.start()
     return live
 

@@ -27,6 +27,7 @@ page = st.navigation([
     connectivity,
     st.Page("app_pages/alignment.py", title="Alignment", icon=":material/compare_arrows:"),
     st.Page("app_pages/symmetry.py", title="Symmetry", icon=":material/change_circle:"),
+    st.Page("app_pages/runs.py", title="Runs", icon=":material/history:"),
 ])
 if page.url_path != connectivity.url_path:  # nobody watches a live run from another page: stop it
     live_run.stop(st.session_state, "stopped because its page was left")
