@@ -220,6 +220,16 @@ def test_cli_refusals_are_one_line(argv, says, home, capsys):
     assert err.startswith(f"error: {says}") and err.count("\n") == 1
 
 
+def test_cli_list_warns_of_each_file_it_skips(recs, home, capsys):
+    good = history.save_run(recs.lm)["run"]["id"]
+    (home / "notes.json").write_text("{}")
+    assert main(["runs", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert err == f"warning: skipped a file of the run history: {home / 'notes.json'} is not a run file of this " \
+                  "tool (its name is not run-<id>.json).\n"
+    assert out.splitlines()[1].startswith(good)
+
+
 def test_cli_delete_checks_every_run_before_deleting_any(recs, home, capsys):
     good = history.save_run(recs.lm)["run"]["id"]
     bad = history.new_run_id()
