@@ -69,14 +69,13 @@ def serve(env: dict[str, str], log: Path):
 
 @pytest.fixture(scope="module")
 def tiny_env(tmp_path_factory) -> dict[str, str]:
-    """The tiny stand-in zoo and store (tests/app/tiny_zoo.py): a live run takes a second or two."""
+    """The tiny stand-in zoo (tests/app/tiny_zoo.py), where a live run takes a second or two, and an
+    empty result store: only live runs are drawn."""
     spec = importlib.util.spec_from_file_location("tiny_zoo", ROOT / "tests" / "app" / "tiny_zoo.py")
     tiny = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tiny)
     zoo_dir = tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
-    store = tmp_path_factory.mktemp("cached_results")
-    tiny.build_store(zoo_dir, store)
-    return {"LMC_ZOO_DIR": str(zoo_dir), "LMC_CACHE_DIR": str(store)}
+    return {"LMC_ZOO_DIR": str(zoo_dir), "LMC_CACHE_DIR": str(tmp_path_factory.mktemp("cached_results"))}
 
 
 def wait_idle(page):
