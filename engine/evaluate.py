@@ -164,6 +164,7 @@ def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast:
                 total += F.cross_entropy(chunk, t, reduction="sum").to(torch.float64)
                 if es.task == "vit":
                     correct += (chunk.argmax(-1) == t).sum()
+            del logits, chunk  # before the next forward: two batches' logits would double the peak
             if progress:
                 progress(i // per_batch + 1, batches, f"batch {i // per_batch + 1}/{batches}")
     n = es.size

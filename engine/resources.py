@@ -25,8 +25,12 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                    the summed circuits of every layer for the starting residual map [3L, D, D] per
                    model, residual cross products, and one parameter moved in float64
       activation   weight's scratch
-                   + 2 N_act L (2 D + m + 4 h d) b   both models' captured activations of one batch
-                   + N_act V b                        the batch's logits
+                   + 2 N_act (3 L + 1) D b            both models' captured residual streams and normalised
+                                                      block inputs of one batch (no logits: the capture
+                                                      stops before the unembedding)
+                   + 2 x 8 N_act (4 h d + h T + 3 m)  one layer's q, k, v, mixed values, patterns and
+                                                      hidden units (with their centred copies) in float64
+                   + 2 x 2 T V b                      the twin check's logits (two sequences)
       learned      weight's scratch (its start)
                    + 4 x 8 Z                          latents Z: value, gradient, two Adam moments
                    + 4 P b                            moved and interpolated parameters, their gradients
@@ -170,8 +174,10 @@ def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
     if method == "activation":
         from engine.align.activation import ACT_BATCH
 
-        n, rows = _positions(a, ACT_BATCH[a.task])
-        return weight + 2 * n * L * (2 * D + m + 4 * h * d) * itemsize + rows * V * itemsize
+        n, _ = _positions(a, ACT_BATCH[a.task])
+        T = seq_len(a)
+        return (weight + 2 * n * (3 * L + 1) * D * itemsize + 2 * F64_BYTES * n * (4 * h * d + h * T + 3 * m)
+                + 2 * 2 * (T if a.task == "lm" else 1) * V * itemsize)
     if method in ("learned", "dual"):
         from engine.align.common import AlignContext
 

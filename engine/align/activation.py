@@ -40,7 +40,7 @@ from engine.align.common import (
     twin,
 )
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
-from engine.align.weight import fit_qk
+from engine.align.weight import circuit_inner, fit_qk
 from engine.cancel import CancelToken, check
 from engine.models.base import Arch, Params
 from engine.models.reference import apply_rope, mlp_activation
@@ -85,7 +85,8 @@ def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
 
 
 def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict[str, Tensor]:
-    """q, k (before RoPE), v [B, n, T, d], patterns [B, h, T, T], head outputs z [h, B*T, D]."""
+    """q, k (before RoPE), v [B, n, T, d], patterns [B, h, T, T] and the heads' mixed values o
+    [B*T, h*d] (head i's output is z_i = o_i W_O^i; never formed: head_output_inner)."""
     b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
     proj = {}
     for r in "QKV":
@@ -105,9 +106,15 @@ def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict
         T = s.shape[-1]
         s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
     att = s.softmax(-1)  # [B, h, T, T]
-    o = att @ v  # [B, h, T, d]
-    z = torch.einsum("bhtd,hdD->hbtD", o, p[f"{b}.W_O"]).flatten(1, 2)  # [h, B*T, D]
-    return {"q": proj["Q"], "k": proj["K"], "v": proj["V"], "pattern": att, "z": z}
+    del s
+    o = (att @ v).transpose(1, 2).flatten(0, 1).flatten(1)  # [B*T, h*d], heads side by side
+    return {"q": proj["Q"], "k": proj["K"], "v": proj["V"], "pattern": att, "o": o}
+
+
+def head_output_inner(oa: Tensor, Wa: Tensor, ob: Tensor, Wb: Tensor, h: int) -> Tensor:
+    """<z_i^A, z_j^B>  [h, h] for head outputs z_i = o_i W_i (o [N, h*d], W [h, d, D]) without forming
+    any z ([h, N, D], 150 MB per model at GPT-2-small): weight.circuit_inner on (o, W^T)."""
+    return circuit_inner(oa, Wa.flatten(0, 1).mT, ob, Wb.flatten(0, 1).mT, h)
 
 
 def hidden(arch: Arch, p: Params, layer: int, x: Tensor) -> Tensor:
@@ -148,12 +155,14 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
     # residual stream first: everything below is invariant to it, except the head outputs z
     O = torch.eye(D, dtype=F64)
     if set(RESIDUAL) & kinds:
-        Xa = torch.cat([x.flatten(0, 1) for x in acts_a["resid"]]).to(F64)  # [N*(L+1), D]
-        Xb = torch.cat([x.flatten(0, 1) for x in acts_b["resid"]]).to(F64)  # [N*(L+1), D]
+        stats = Moments(D)
+        for xa, xb in zip(acts_a.pop("resid"), acts_b.pop("resid")):  # one block boundary at a time
+            stats.add(xa.flatten(0, 1).to(F64), xb.flatten(0, 1).to(F64))  # [N, D] each
         if "residual_perm" in kinds:
-            O = residual_perm_matrix(assignment(correlation(Xa, Xb)))
+            O = residual_perm_matrix(assignment(stats.correlation()))
         else:
-            O = procrustes(Xb.T @ Xa)
+            O = procrustes(stats.cross)
+    acts_a.pop("resid", None), acts_b.pop("resid", None)
 
     layers, corr = [], []
     for layer in range(arch.n_layers):
@@ -163,9 +172,14 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
         hp = torch.arange(arch.n_heads)
         if "heads" in kinds:
             Pa, Pb = at_a["pattern"].transpose(0, 1).flatten(1), at_b["pattern"].transpose(0, 1).flatten(1)  # [h, *]
-            Za, Zb = at_a["z"].flatten(1), (at_b["z"] @ O).flatten(1)  # [h, B*T*D]
-            cost = _norm_sqdist(Pa, Pb) + _norm_sqdist(Za, Zb)  # [h, h]
+            Wa, Wb = pa[f"blocks.{layer}.attn.W_O"], pb[f"blocks.{layer}.attn.W_O"] @ O  # [h, d, D]: B in A's frame
+            h = arch.n_heads
+            za = head_output_inner(at_a["o"], Wa, at_a["o"], Wa, h).diagonal()  # ||z_i^A||^2 [h]
+            zb = head_output_inner(at_b["o"], Wb, at_b["o"], Wb, h).diagonal()
+            cost = (_norm_sqdist(Pa.square().sum(1), Pb.square().sum(1), Pa @ Pb.T)
+                    + _norm_sqdist(za, zb, head_output_inner(at_a["o"], Wa, at_b["o"], Wb, h)))  # [h, h]
             hp = gqa_assignment(-cost, rep)
+            del Pa, Pb, Wa, Wb
         kv = hp[::rep] // rep
         A = B = torch.eye(arch.d_head, dtype=F64).repeat(arch.n_kv_heads, 1, 1)  # [h_kv, d, d]
         if "qk" in kinds:
@@ -182,6 +196,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             nv = Va.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)  # [h_kv, 1, 1]
             no = Oa.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)
             B = fit_gl(Va / nv, Vb / nv, Oa / no, Ob / no)
+        del at_a, at_b
         ha = hidden(arch, pa, layer, acts_a["x_mlp"][layer].to(F64))  # [N, m]
         hb = hidden(arch, pb, layer, acts_b["x_mlp"][layer].to(F64))
         mp = torch.arange(arch.d_mlp)
@@ -199,13 +214,41 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
         layers.append(LayerElement(hp, A, B, mp, s))
         if progress:
             progress(layer + 1, arch.n_layers, f"layer {layer + 1}/{arch.n_layers}")
-    return GroupElement(tuple(layers), O), {"mlp_matched_correlation": corr, "tokens": int(acts_a["resid"][0].shape[:2].numel())}
+    return GroupElement(tuple(layers), O), {"mlp_matched_correlation": corr, "tokens": int(acts_a["x_mlp"][0].shape[:2].numel())}
 
 
-def _norm_sqdist(X: Tensor, Y: Tensor) -> Tensor:
-    """||X_i - Y_j||^2 / mean(||X||^2 + ||Y||^2): two cost terms of different units on one scale."""
-    d = X.square().sum(1)[:, None] + Y.square().sum(1)[None] - 2 * X @ Y.T  # [n, n]
-    return d / (X.square().sum(1).mean() + Y.square().sum(1).mean()).clamp_min(1e-30)
+def _norm_sqdist(nx: Tensor, ny: Tensor, inner: Tensor) -> Tensor:
+    """||X_i - Y_j||^2 / mean(||X||^2 + ||Y||^2) from the squared norms [n] and inner products [n, n]:
+    two cost terms of different units on one scale."""
+    d = nx[:, None] + ny[None] - 2 * inner  # [n, n]
+    return d / (nx.mean() + ny.mean()).clamp_min(1e-30)
+
+
+class Moments:
+    """Column statistics of two row sets [N, D] streamed block by block: the cross product X_B^T X_A
+    (Procrustes) and the Pearson correlation of A's columns with B's (assignment), never the rows."""
+
+    def __init__(self, D: int):
+        self.n = 0
+        self.sa, self.sb = torch.zeros(D, dtype=F64), torch.zeros(D, dtype=F64)
+        self.qa, self.qb = torch.zeros(D, dtype=F64), torch.zeros(D, dtype=F64)
+        self.cross = torch.zeros(D, D, dtype=F64)  # X_B^T X_A
+
+    def add(self, xa: Tensor, xb: Tensor) -> None:
+        self.n += xa.shape[0]
+        self.sa += xa.sum(0)
+        self.sb += xb.sum(0)
+        self.qa += xa.square().sum(0)
+        self.qb += xb.square().sum(0)
+        self.cross += xb.T @ xa
+
+    def correlation(self) -> Tensor:
+        """[D_A, D_B]: the correlation of A's column i with B's column j over all rows added."""
+        ma, mb = self.sa / self.n, self.sb / self.n
+        cov = self.cross.T - self.n * ma[:, None] * mb[None]  # [D, D]
+        sa = (self.qa - self.n * ma.square()).clamp_min(0).sqrt().clamp_min(1e-30)
+        sb = (self.qb - self.n * mb.square()).clamp_min(0).sqrt().clamp_min(1e-30)
+        return cov / sa[:, None] / sb[None]
 
 
 def align_activations(ctx: AlignContext) -> AlignOutput:
