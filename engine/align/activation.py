@@ -43,7 +43,7 @@ from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes,
 from engine.align.weight import circuit_inner, fit_qk
 from engine.cancel import CancelToken, check
 from engine.models.base import Arch, Params
-from engine.models.reference import apply_rope, mlp_activation
+from engine.models.reference import mlp_activation, rotate
 from engine.progress import Progress
 from engine.symmetry import GroupElement, LayerElement
 
@@ -98,8 +98,7 @@ def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict
     if arch.pe == "rope":
         T, r = x.shape[1], arch.rotary_dim
         cs = (model.module.rope_cos[:T].to("cpu", F64), model.module.rope_sin[:T].to("cpu", F64))
-        q = torch.cat([apply_rope(q[..., :r], *cs, arch.rope_layout), q[..., r:]], -1)
-        k = torch.cat([apply_rope(k[..., :r], *cs, arch.rope_layout), k[..., r:]], -1)
+        q, k = rotate(q, cs, r, arch.rope_layout), rotate(k, cs, r, arch.rope_layout)
     k, v = k.repeat_interleave(rep, 1), proj["V"].repeat_interleave(rep, 1)  # [B, h, T, d]
     s = q @ k.mT / math.sqrt(arch.d_head)  # [B, h, T, T]
     if arch.causal:

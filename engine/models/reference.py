@@ -140,17 +140,27 @@ def rope_pairs(rot_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, layout: str) -> torch.Tensor:
-    """Rotate pair j of every position t by angle t * omega_j; x [B, h, T, d], cos/sin [T, r/2]."""
-    r = 2 * cos.shape[-1]
-    i1, i2 = rope_pairs(r, layout)
-    # In the wider of the two dtypes, rounded back to x's: under bfloat16 autocast q/k arrive in
-    # bfloat16 while the tables follow the (float32) residual stream.
+    """Rotate pair j of every position t by angle t * omega_j; x [B, h, T, r], cos/sin [T, r/2].
+
+    The pairs of `rope_pairs`, read as views (no index gathers): (2j, 2j+1) interleaved, (j, j + r/2)
+    in the half layout. Computed in the wider of the two dtypes, rounded back to x's: under bfloat16
+    autocast q/k arrive in bfloat16 while the tables follow the (float32) residual stream.
+    """
+    n = cos.shape[-1]
     ct = torch.promote_types(x.dtype, cos.dtype)
-    a, b = x[..., i1].to(ct), x[..., i2].to(ct)  # [B, h, T, r/2]
-    out = x.clone()
-    out[..., i1] = (a * cos - b * sin).to(x.dtype)
-    out[..., i2] = (a * sin + b * cos).to(x.dtype)
-    return out
+    if layout == "interleaved":
+        pairs = x.unflatten(-1, (n, 2))  # [B, h, T, r/2, 2]
+        a, b = pairs[..., 0].to(ct), pairs[..., 1].to(ct)  # [B, h, T, r/2]
+        return torch.stack([a * cos - b * sin, a * sin + b * cos], -1).flatten(-2).to(x.dtype)  # [B, h, T, r]
+    a, b = x[..., :n].to(ct), x[..., n:].to(ct)  # [B, h, T, r/2]
+    return torch.cat([a * cos - b * sin, a * sin + b * cos], -1).to(x.dtype)  # [B, h, T, r]
+
+
+def rotate(x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], r: int, layout: str) -> torch.Tensor:
+    """RoPE on the first r dims of every head [B, h, T, d]; the other d - r pass through (partial rotary)."""
+    if r == x.shape[-1]:
+        return apply_rope(x, *rope, layout)
+    return torch.cat([apply_rope(x[..., :r], *rope, layout), x[..., r:]], -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -167,7 +177,9 @@ class Norm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "layernorm":
             return F.layer_norm(x, x.shape[-1:], self.g, self.b, self.eps)
-        return F.rms_norm(x, x.shape[-1:], self.g, self.eps)
+        # x g / sqrt(mean(x^2) + eps): one reduction and one fused multiply (CPU F.rms_norm makes five passes)
+        r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(x.shape[-1]).add_(self.eps).rsqrt_()
+        return torch.mul(x, r).mul_(self.g)
 
 
 class Attention(nn.Module):
@@ -187,21 +199,21 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         cfg = self.cfg
-        q = torch.einsum("btD,hDd->bhtd", x, self.W_Q)  # [B, h, T, d]
-        k = torch.einsum("btD,hDd->bhtd", x, self.W_K)  # [B, h_kv, T, d]
-        v = torch.einsum("btD,hDd->bhtd", x, self.W_V)  # [B, h_kv, T, d]
-        if cfg.bias:
-            q, k, v = q + self.b_Q[:, None], k + self.b_K[:, None], v + self.b_V[:, None]
+        B, T = x.shape[:2]
+        h, hkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
+        # one product for q, k and v: the [n, D, d] weights side by side as [D, (h + 2 h_kv) d]
+        W = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).flatten(1)  # [D, (h+2h_kv)*d]
+        bias = torch.cat([self.b_Q, self.b_K, self.b_V]).flatten() if cfg.bias else None  # [(h+2h_kv)*d]
+        qkv = F.linear(x, W.T, bias).view(B, T, h + 2 * hkv, d).transpose(1, 2)  # [B, h+2h_kv, T, d]
+        q, k, v = qkv.split([h, hkv, hkv], 1)  # [B, h, T, d], [B, h_kv, T, d] x 2
         if rope is not None:
-            r = cfg.rot_dim
-            q = torch.cat([apply_rope(q[..., :r], *rope, cfg.rope_layout), q[..., r:]], -1)
-            k = torch.cat([apply_rope(k[..., :r], *rope, cfg.rope_layout), k[..., r:]], -1)
-        if cfg.kv_heads != cfg.heads:  # grouped-query: query head i reads KV group i // (h / h_kv)
-            rep = cfg.heads // cfg.kv_heads
+            q, k = rotate(q, rope, cfg.rot_dim, cfg.rope_layout), rotate(k, rope, cfg.rot_dim, cfg.rope_layout)
+        if hkv != h:  # grouped-query: query head i reads KV group i // (h / h_kv)
+            rep = h // hkv
             k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)  # [B, h, T, d]
         o = F.scaled_dot_product_attention(q, k, v, is_causal=cfg.task == "lm")  # [B, h, T, d]
-        out = torch.einsum("bhtd,hdD->btD", o, self.W_O)  # [B, T, D]
-        return out + self.b_O if cfg.bias else out
+        o = o.transpose(1, 2).reshape(B, T, h * d)  # [B, T, h*d]
+        return F.linear(o, self.W_O.flatten(0, 1).T, self.b_O if cfg.bias else None)  # [B, T, D]
 
 
 def mlp_activation(kind: str, u: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
@@ -231,9 +243,9 @@ class MLP(nn.Module):
             self.b_out = nn.Parameter(torch.zeros(D))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        u = x @ self.W_in + (self.b_in if self.bias else 0)  # [B, T, m]
+        u = F.linear(x, self.W_in.T, self.b_in if self.bias else None)  # [B, T, m], the bias added by the product
         a = mlp_activation(self.kind, u, x @ self.W_gate if self.kind == "swiglu" else None)
-        return a @ self.W_out + (self.b_out if self.bias else 0)
+        return F.linear(a, self.W_out.T, self.b_out if self.bias else None)  # [B, T, D]
 
 
 class Block(nn.Module):
