@@ -322,9 +322,9 @@ def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
     den: dict[str, float] = {}
     for k in pa:  # in slices of the parameters' own dtype: no copy of an embedding matrix
         L = layer_of(k)
-        for a, b in zip(slices(pa[k].detach()), slices(pb[k].detach())):
-            num[L] = num.get(L, 0.0) + float((a - b).square().sum())
-            den[L] = den.get(L, 0.0) + float(a.square().sum()) + float(b.square().sum())
+        a, b = pa[k].detach(), pb[k].detach()
+        num[L] = num.get(L, 0.0) + sum(float(torch.linalg.vector_norm(x - y)) ** 2 for x, y in zip(slices(a), slices(b)))
+        den[L] = den.get(L, 0.0) + float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2
     return {L: num[L] / den[L] if den[L] > 0 else 0.0 for L in num}
 
 
