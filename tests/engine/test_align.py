@@ -77,6 +77,25 @@ def test_assignment_and_gqa_assignment_recover_a_planted_permutation():
     assert torch.equal(gqa_assignment(S, 2), hp)
 
 
+def test_assignment_is_optimal_with_and_without_the_row_maximum_shortcut():
+    """Random scores (row maxima collide: the solver runs) and planted ones (they form a permutation:
+    the shortcut) both give the assignment of largest total, as scipy's solver finds it."""
+    from scipy.optimize import linear_sum_assignment
+
+    g = torch.Generator().manual_seed(4)
+    for n, boost in ((50, 0.0), (50, 3.0), (7, 0.0)):
+        S = torch.randn(n, n, generator=g, dtype=F64)
+        S[torch.arange(n), torch.randperm(n, generator=g)] += boost
+        _, cols = linear_sum_assignment(S.numpy(), maximize=True)
+        best = float(S[torch.arange(n), torch.as_tensor(cols)].sum())
+        perm = assignment(S)
+        assert sorted(perm.tolist()) == list(range(n))
+        assert float(S[torch.arange(n), perm].sum()) == pytest.approx(best, rel=1e-12)
+    S = torch.zeros(4, 4, dtype=F64)
+    S[:, 0] = 1  # every row prefers column 0: the shortcut must not apply
+    assert sorted(assignment(S).tolist()) == [0, 1, 2, 3]
+
+
 def test_gl_and_rope_solvers_invert_planted_maps():
     g = torch.Generator().manual_seed(1)
     P_A, Q_A = torch.randn(3, 40, 8, generator=g, dtype=F64), torch.randn(3, 40, 8, generator=g, dtype=F64)
