@@ -224,6 +224,10 @@ def cmd_align(args) -> None:
           + (f", approximate: {', '.join(chk['approximate_classes'])}" if chk["approximate_classes"] else ""))
     if "identity" in al["diagnostics"]:
         print(f"dual/one-sided identity: max relative error {al['diagnostics']['identity']['max_relative_error']:.1e}")
+    if "sweeps" in al["diagnostics"]:  # weight matching says how its descent ended, converged or not
+        d = al["diagnostics"]
+        print(f"weight matching: {len(d['sweeps'])} sweep(s), {'converged' if d['converged'] else 'NOT converged'}: "
+              f"{d['stop']}")
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
     if args.out:

@@ -47,7 +47,8 @@ from engine.models.base import Arch, Params
 from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, act, element_maps, identity, layer_maps, rope_commutant
 
-MAX_SWEEPS = 30
+MAX_SWEEPS = 100  # a safety bound, not a budget: reaching it is reported as not converged
+STALL_SWEEPS = 3  # sweeps in a row without relative progress that end a descent whose permutations still flip
 REL_TOL = 1e-6  # relative objective decrease below which a sweep counts as no change
 INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
 INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
@@ -390,7 +391,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     if res_kinds:
         O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel)
     init["seconds"] = t()
-    history, prev, stop = [], None, "max_sweeps"
+    history, prev, stop, stalled = [], None, "", 0
     g = identity(arch)
     for sweep in range(max_sweeps):
         mats_o = element_maps(GroupElement((), O)) if res_kinds else {}
@@ -420,6 +421,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
         f = terms.objective(O_new)
         key = torch.cat([torch.cat([el.head_perm, el.mlp_perm]) for el in layers])
         dO = float((O_new - O).abs().max())
+        stalled = stalled + 1 if prev is not None and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f else 0
         history.append({"sweep": sweep + 1, "objective": f, "residual_change": dO, "seconds": t()})
         # alternating continuous maps creep: stop once the permutations hold and the objective stalls
         if dO == 0.0 and res_kinds:
@@ -430,10 +432,16 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             stop = "permutations unchanged and the residual map settled"
         elif prev is not None and torch.equal(key, prev[0]) and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f:
             stop = f"permutations unchanged and objective decrease below {REL_TOL:g} relative"
+        elif stalled >= STALL_SWEEPS:
+            stop = (f"objective decrease below {REL_TOL:g} relative for {STALL_SWEEPS} sweeps while permutations "
+                    "still changed")
+        elif sweep + 1 == max_sweeps:
+            change = "" if prev is None else f" by {(prev[1] - f) / max(abs(f), 1e-300):.1e} relative"
+            stop = f"sweep cap ({max_sweeps}) reached while the objective still changed{change}"
         O, prev = O_new, (key, f)
-        if stop != "max_sweeps":
+        if stop:
             break
-    return g, {"sweeps": history, "converged": stop != "max_sweeps", "stop": stop,
+    return g, {"sweeps": history, "converged": not stop.startswith("sweep cap"), "stop": stop,
                "initial_residual": init, "work_dtype": str(wd).removeprefix("torch.")}
 
 

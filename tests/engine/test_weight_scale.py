@@ -115,6 +115,9 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
     assert info["converged"] and len(f) < 30
     assert all(u >= v * (1 - 1e-9) for u, v in itertools.pairwise(f))  # coordinate descent never goes uphill
     assert info["work_dtype"] == "float64"  # small models: every product in float64
+    _g, capped = weight_match(prepare_pair(a, b, kinds), kinds, max_sweeps=2)  # a cap is reported, not silent
+    assert not capped["converged"] and capped["stop"].startswith("sweep cap (2) reached")
+    assert len(capped["sweeps"]) == 2 and "relative" in capped["stop"]
 
 
 MEMORY_SCRIPT = textwrap.dedent("""
