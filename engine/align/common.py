@@ -18,6 +18,7 @@ import copy
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,9 @@ from engine.models.base import Arch, Params
 from engine.spec import KINDS, Spec, build_spec
 from engine.surgery import fold_norms_, layernorm_to_rmsnorm_, reference_config_from_arch
 from engine.symmetry import GroupElement, identity
+
+if TYPE_CHECKING:
+    from engine.align.learned import Settings
 
 F64 = torch.float64
 CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
@@ -259,6 +263,7 @@ class AlignContext:
     compare_one_sided: bool = True  # dual: also run one-sided learning at the same step budget
     time_budget_s: float | None = None  # learned, dual: also stop when this many seconds of optimisation are spent
     cancel: CancelToken | None = None  # checked before every layer / step (engine.cancel): Cancelled when set
+    learned: Settings | None = None  # learned, dual: schedule, lam sampling, patience (None: the defaults)
 
 
 @dataclass

@@ -6,8 +6,13 @@
 with the model weights frozen and Adam on the latents only, initialised at the weight-matching
 solution. Each class has its own latent:
 
-    heads, mlp, residual_perm   Z [n, n]; forward the permutation Hungarian(Z) (GQA-aware for heads),
+    heads, residual_perm        Z [n, n]; forward the permutation Hungarian(Z) (GQA-aware for heads),
                                 backward the straight-through gradient dL/dZ = dL/dP
+    mlp                         Z [m, k] on a candidate graph: row i scores only its k candidate
+                                partners cand[i] (the weight-matching partner and the k - 1 next best
+                                by the weight-matching cost); forward the maximum-weight perfect
+                                matching on that graph (always a real permutation: the start is one),
+                                backward dL/dP at the candidate entries. O(m k), not O(m^2), per layer
     residual_orth               Omega = polar(Omega_0 (I + E)); Newton-Schulz iterations in the forward
                                 pass (torch's SVD gradient is undefined at repeated singular values,
                                 which is exactly the start), the exact SVD polar factor at the end
@@ -30,16 +35,27 @@ solves (scipy: up to a second for one 3072 x 3072 MLP layer) re-run every RESOLV
 at each validation check, and only for layers whose permutation a one-pass check cannot certify;
 the loss over micro-batches whose logits stay under LOGIT_BYTES, in the logits' dtype. Latent,
 Adam-state and peak resident bytes go into the record, and a time budget can end the run.
+
+Convergence (`Settings`): Adam's step sizes follow a linear warm-up and a cosine decay over the step
+budget; lam is drawn from a narrow band around 0.5 (the default), from U(0, 1), or fixed at 0.5; the
+run stops early when the validation midpoint loss has not improved for `patience` checks. The record
+keeps the curve: training loss, step size and lam per step, the validation midpoint loss per check,
+and how many units each re-solve moved (flips).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import resource
 import sys
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
+from scipy.sparse import csr_matrix
+from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor, nn
 
 from engine.align.common import (
@@ -65,15 +81,29 @@ from engine.align.solvers import (
 )
 from engine.align.weight import weight_match
 from engine.cancel import check
+from engine.errors import LMCError
 from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.progress import Progress, relabel
 from engine.spec import Spec
-from engine.symmetry import GroupElement, LayerElement, apply, compose, identity, invert, rope_commutant
+from engine.symmetry import (
+    GroupElement,
+    LayerElement,
+    act,
+    apply,
+    compose,
+    element_maps,
+    identity,
+    invert,
+    rope_commutant,
+)
 
 DEFAULT_STEPS = 100  # the documented budget of `learned` and `dual` when a run asks for 0 steps
-LR = {"perm": 0.05, "map": 2e-3}  # Adam step sizes: permutation latents, continuous latents
-LAMBDA = (0.4, 0.6)
+LR = {"perm": 0.05, "map": 2e-3}  # peak Adam step sizes: permutation latents, continuous latents
+WARMUP = 0.1  # fraction of the step budget with a linearly rising step size; a cosine decay follows
+LAMBDAS = {"narrow": (0.4, 0.6), "uniform": (0.0, 1.0), "fixed": (0.5, 0.5)}  # lam sampling modes
+CANDIDATES = 16  # candidate partners per MLP neuron (the latent is [m, CANDIDATES] per layer)
+CANDIDATE_ROWS = 1024  # rows of the candidate scores computed at once: O(rows x m) scratch
 VAL_ITEMS = {"lm": 4096, "vit": 512}  # validation tokens / images for picking the best element
 EVALS = 10  # validation checks per run
 # Hard permutations are re-solved from the latents every RESOLVE_EVERY steps and at every
@@ -86,6 +116,129 @@ RESOLVE_EVERY = 2
 LOGIT_BYTES = 128 * 2**20  # logits of one forward pass: 10 windows of 128 at GPT-2's 50,257 tokens
 
 
+@dataclass(frozen=True)
+class Settings:
+    """How learned and dual matching optimise (the record keeps them).
+
+    lr_perm, lr_map: peak Adam step sizes of the permutation and continuous latents; warmup: the
+    fraction of the steps over which they rise linearly, a cosine decay to the last step follows;
+    lambdas: a key of LAMBDAS; patience: validation checks without a better midpoint loss before
+    the run stops (None: never); eval_every: steps between validation checks (None: steps // EVALS);
+    candidates: partners per MLP neuron in its latent.
+    """
+
+    lr_perm: float = LR["perm"]
+    lr_map: float = LR["map"]
+    warmup: float = WARMUP
+    lambdas: str = "narrow"
+    patience: int | None = None
+    eval_every: int | None = None
+    candidates: int = CANDIDATES
+
+    def __post_init__(self) -> None:
+        if self.lambdas not in LAMBDAS:
+            raise LMCError(f"Lambda sampling {self.lambdas!r} is not available; choose one of {', '.join(LAMBDAS)}.")
+        for name in ("lr_perm", "lr_map"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise LMCError(f"Learned matching: {name} must be a finite step size of at least 0, not {v!r}.")
+        if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
+            raise LMCError(f"Learned matching: warmup must be a fraction in [0, 1), not {self.warmup!r}.")
+        for name in ("patience", "eval_every"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, int) and v >= 1):
+                raise LMCError(f"Learned matching: {name} must be a positive integer or None, not {v!r}.")
+        if not (isinstance(self.candidates, int) and self.candidates >= 1):
+            raise LMCError(f"Learned matching: candidates must be a positive integer, not {self.candidates!r}.")
+
+
+def lr_factor(step: int, steps: int, warmup: float) -> float:
+    """The step size of step `step` (1-based) of `steps` as a fraction of the peak: linear warm-up over
+    the first round(warmup * steps) steps (at least one), then a cosine decay that reaches 0 one step
+    after the last."""
+    w = max(1, round(warmup * steps))
+    if step <= w:
+        return step / w
+    return 0.5 * (1.0 + math.cos(math.pi * (step - w) / (steps - w + 1)))
+
+
+def sample_lambda(rng: random.Random, mode: str) -> float:
+    """One interpolation weight for a training step: U(LAMBDAS[mode]); `fixed` is always 0.5."""
+    lo, hi = LAMBDAS[mode]
+    return lo if lo == hi else rng.uniform(lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sparse permutation latents: a candidate graph per MLP layer
+
+
+def dense_latent(values: Tensor, cand: Tensor) -> Tensor:
+    """The [n, n] matrix with values[i, c] at (i, cand[i, c]) and 0 elsewhere (differentiable in values);
+    for tests and small models only: the point of the candidate graph is never to build it."""
+    n = cand.shape[0]
+    return torch.zeros(n, n, dtype=values.dtype, device=values.device).scatter(1, cand.to(values.device), values)
+
+
+def sparse_assignment(values: Tensor, cand: Tensor) -> Tensor:
+    """perm maximising sum_i Z[i, perm[i]] over the perfect matchings of the candidate graph (row i
+    may take only cand[i]); Z[i, cand[i, c]] = values[i, c]. Raises if the graph has no perfect
+    matching (a graph built by `candidates` always has one: its first column is a permutation).
+
+    The weights are shifted to be at least 1: every perfect matching gains the same n x shift, so the
+    argmax is unchanged, and scipy's sparse solver drops zero weights as absent edges.
+    """
+    n, k = cand.shape
+    v = values.detach().to("cpu", F64).numpy()
+    w = v - v.min() + 1.0  # [n, k]
+    rows = np.repeat(np.arange(n), k)
+    graph = csr_matrix((w.ravel(), (rows, cand.cpu().numpy().ravel())), shape=(n, n))
+    try:
+        r, c = min_weight_full_bipartite_matching(graph, maximize=True)
+    except ValueError:
+        raise LMCError("The candidate graph of a permutation latent has no perfect matching; its first "
+                       "candidate of every row must form a permutation.") from None
+    perm = torch.empty(n, dtype=torch.long)
+    perm[torch.as_tensor(r, dtype=torch.long)] = torch.as_tensor(c, dtype=torch.long)
+    return perm
+
+
+@torch.no_grad()
+def mlp_candidates(spec: Spec, ref: Params, other: Params, g_other: GroupElement, k: int,
+                   g_ref: GroupElement | None = None) -> list[Tensor]:
+    """cand [m, k] per layer for the latent of `other`'s MLP permutation, started at g_other.
+
+    Row i holds g_other's partner of the reference's neuron i first, then the k - 1 other neurons of
+    `other` with the largest weight-matching score <(g_ref ref)_i, (g_other other)_j>: the sum over
+    every weight the neuron axis indexes, both sides moved by their whole element (g_ref None: the
+    reference as it is). Scores are computed CANDIDATE_ROWS rows at a time: O(CANDIDATE_ROWS m) scratch.
+    """
+    mats = element_maps(g_other)
+    mats_ref = element_maps(g_ref) if g_ref is not None else None
+    out = []
+    for layer, el in enumerate(g_other.layers):
+        feats_r, feats_o = [], []
+        for key, axis, a in spec.axes_of(f"blocks.{layer}.mlp"):
+            if a.role != "perm":
+                continue
+            ps = spec.params[key]
+            r = act(ps, mats_ref, ref[key].detach()) if mats_ref else ref[key].detach()  # weights' dtype
+            o = act(ps, mats, other[key].detach())
+            feats_r.append(r.movedim(axis, 0).reshape(r.shape[axis], -1))  # [m, rest]
+            feats_o.append(o.movedim(axis, 0).reshape(o.shape[axis], -1))  # [m, rest]
+        m = feats_r[0].shape[0]
+        kk = min(k, m)
+        perm0 = el.mlp_perm.to(feats_r[0].device)
+        cand = torch.empty(m, kk, dtype=torch.long)
+        for i0 in range(0, m, CANDIDATE_ROWS):
+            i1 = min(m, i0 + CANDIDATE_ROWS)
+            S = sum(fr[i0:i1] @ fo.mT for fr, fo in zip(feats_r, feats_o))  # [rows, m], moved index
+            S[torch.arange(i1 - i0), torch.arange(i0, i1)] = torch.inf  # g_other's own partner comes first
+            cand[i0:i1] = perm0[S.topk(kk, dim=1).indices].cpu()  # moved index j is the neuron perm0[j]
+        out.append(cand)
+        del feats_r, feats_o
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The differentiable action
 
@@ -95,19 +248,22 @@ class PermuteSTE(torch.autograd.Function):
     straight-through gradient dL/dZ = dL/dP (the permutation's value, Z's gradient).
 
     With P[i, perm[i]] = 1 the gather is x <- P x along `axis` (new i = old perm[i]), so
-    dL/dP[i, j] = <dL/dnew_i, old_j> summed over every other axis: one matmul in x's dtype.
+    dL/dP[i, j] = <dL/dnew_i, old_j> summed over every other axis: one matmul in x's dtype. With a
+    candidate graph cand [n, k] the latent is Z [n, k] and only the entries (i, cand[i, c]) are
+    formed, one gathered row product per column c: O(n k) memory, never [n, n].
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, Z: Tensor, perm: Tensor, axis: int) -> Tensor:
+    def forward(ctx, x: Tensor, Z: Tensor, perm: Tensor, axis: int, cand: Tensor | None) -> Tensor:
         perm = perm.to(x.device)
-        ctx.save_for_backward(x, perm)
+        cand = cand.to(x.device) if cand is not None else None
+        ctx.save_for_backward(x, perm, cand)
         ctx.axis, ctx.z_to = axis, (Z.device, Z.dtype)
         return x.index_select(axis, perm)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None]:
-        x, perm = ctx.saved_tensors
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
+        x, perm, cand = ctx.saved_tensors
         axis = ctx.axis
         g_x = g_Z = None
         if ctx.needs_input_grad[0]:
@@ -116,13 +272,18 @@ class PermuteSTE(torch.autograd.Function):
             n = x.shape[axis]
             G = grad.movedim(axis, 0).reshape(n, -1)  # [n, rest]
             X = x.movedim(axis, 0).reshape(n, -1)  # [n, rest]
-            g_Z = (G @ X.mT).to(*ctx.z_to)  # [n, n]
-        return g_x, g_Z, None, None
+            if cand is None:
+                g_Z = (G @ X.mT).to(*ctx.z_to)  # [n, n]
+            else:
+                g_Z = torch.stack([(G * X.index_select(0, cand[:, c])).sum(1) for c in range(cand.shape[1])],
+                                  1).to(*ctx.z_to)  # [n, k]
+        return g_x, g_Z, None, None, None
 
 
-def permute(x: Tensor, axis: int, perm: Tensor, Z: Tensor) -> Tensor:
-    """x with index i of `axis` taking old index perm[i]; straight-through gradient to Z."""
-    return PermuteSTE.apply(x, Z, perm, axis)
+def permute(x: Tensor, axis: int, perm: Tensor, Z: Tensor, cand: Tensor | None = None) -> Tensor:
+    """x with index i of `axis` taking old index perm[i]; straight-through gradient to Z (dense
+    [n, n], or [n, k] on the candidate graph `cand`)."""
+    return PermuteSTE.apply(x, Z, perm, axis, cand)
 
 
 def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
@@ -139,8 +300,8 @@ def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
     """g.theta, computed as engine/symmetry.apply does, differentiable in the latents behind `maps`.
 
     maps[group] as Transform.maps gives it: "perm" / "perm_kv" (and "index" for a residual
-    permutation, which moves writers, readers and norms alike) are (hard index, latent of P)
-    pairs; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups absent act as the identity.
+    permutation, which moves writers, readers and norms alike) are (hard index, latent of P,
+    candidate graph or None) triples; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups absent act as the identity.
     Permutations act first, as in apply, because the maps are indexed by the new index. Every
     product runs in the weights' dtype.
     """
@@ -192,14 +353,20 @@ def rope_basis(layout: str, r: int, d: int) -> tuple[Tensor, Tensor, Tensor]:
     return zero, C, S
 
 
-def still_optimal(Z: Tensor, perm: Tensor) -> bool:
+def still_optimal(Z: Tensor, perm: Tensor, cand: Tensor | None = None) -> bool:
     """Whether perm maximises sum_i Z[i, perm[i]] because every row already holds its row maximum.
 
     The sum of row maxima bounds every assignment, so such a perm is the Hungarian's answer (up to
     ties) at the cost of one pass over Z; early in an optimisation started from a permutation
-    matrix it almost always holds. A GQA head permutation that holds it is also GQA-optimal.
+    matrix it almost always holds. A GQA head permutation that holds it is also GQA-optimal. On a
+    candidate graph (Z [n, k] at the columns cand [n, k], perm[i] among cand[i]) rows are compared
+    over their candidates, and the bound is the same.
     """
-    return bool((Z.gather(1, perm[:, None].to(Z.device)) >= Z.max(1, keepdim=True).values).all())
+    if cand is None:
+        held = Z.gather(1, perm[:, None].to(Z.device))  # [n, 1]
+    else:
+        held = (Z * (cand == perm[:, None]).to(Z.device, Z.dtype)).sum(1, keepdim=True)  # [n, 1]
+    return bool((held >= Z.max(1, keepdim=True).values).all())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,7 +377,10 @@ class Transform(nn.Module):
     """Latents of one group element started at `g0`, in `dtype`: `maps()` for the loss, `solve()`
     to re-run the Hungarian, `element()` for the hard result."""
 
-    def __init__(self, arch: Arch, spec: Spec, kinds: frozenset[str], g0: GroupElement, dtype: torch.dtype = F64):
+    def __init__(self, arch: Arch, spec: Spec, kinds: frozenset[str], g0: GroupElement, dtype: torch.dtype = F64,
+                 mlp_candidates: list[Tensor] | None = None):
+        """mlp_candidates: cand [m, k] per layer (`candidates`), the partners each MLP neuron's latent
+        scores, with g0's partner among them; None: every neuron (k = m, a dense latent in sparse form)."""
         super().__init__()
         self.arch, self.spec, self.kinds, self.g0, self.dtype = arch, spec, kinds, g0, dtype
         L, d, hkv = arch.n_layers, arch.d_head, arch.n_kv_heads
@@ -231,7 +401,15 @@ class Transform(nn.Module):
         if "heads" in kinds:
             self.Z_heads = latents(self.head_perms)
         if "mlp" in kinds:
-            self.Z_mlp = latents(self.mlp_perms)
+            if mlp_candidates is None:
+                m = arch.d_mlp
+                mlp_candidates = [torch.arange(m).expand(m, m).clone() for _ in range(L)]  # L x [m, m]
+            for cand, perm in zip(mlp_candidates, self.mlp_perms):
+                if not bool((cand == perm[:, None]).any(1).all()):
+                    raise LMCError("MLP candidates must contain the starting partner of every neuron.")
+            self.mlp_cand = [c.to(torch.long) for c in mlp_candidates]  # L x [m, k]
+            self.Z_mlp = nn.ParameterList(nn.Parameter((c == p[:, None]).to(dtype))
+                                          for c, p in zip(self.mlp_cand, self.mlp_perms))  # L x [m, k]
         if "mlp_scale" in kinds:
             self.e_scale = zeros(L, arch.d_mlp)
         if "qk" in kinds:
@@ -249,31 +427,38 @@ class Transform(nn.Module):
         if "residual_orth" in kinds:
             self.E_res = zeros(arch.d_model, arch.d_model)
 
-    def param_groups(self) -> list[dict]:
+    def param_groups(self, lr_perm: float = LR["perm"], lr_map: float = LR["map"]) -> list[dict]:
+        """Adam's groups: permutation latents and continuous latents, each with its peak step size."""
         perm = [p for n, p in self.named_parameters() if n.startswith("Z_")]
         cont = [p for n, p in self.named_parameters() if not n.startswith("Z_")]
-        return [g for g in ({"params": perm, "lr": LR["perm"]}, {"params": cont, "lr": LR["map"]}) if g["params"]]
+        return [g for g in ({"params": perm, "lr": lr_perm, "peak": lr_perm},
+                            {"params": cont, "lr": lr_map, "peak": lr_map}) if g["params"]]
 
     @torch.no_grad()
     def solve(self) -> dict[str, int]:
-        """Re-solve the hard permutations from the latents: one Hungarian per layer and class, unless
-        `still_optimal` certifies the current one. Returns how many ran and how many were kept."""
-        count = {"hungarian": 0, "kept": 0}
+        """Re-solve the hard permutations from the latents: one Hungarian (a sparse matching on the MLP
+        candidate graphs) per layer and class, unless `still_optimal` certifies the current one.
+        Returns how many ran, how many were kept, and the flips: units whose partner changed, per class."""
+        count = {"hungarian": 0, "kept": 0, "flips_heads": 0, "flips_mlp": 0, "flips_residual": 0}
 
-        def solved(Z: Tensor, perm: Tensor, solver: Callable[[Tensor], Tensor]) -> Tensor:
-            if still_optimal(Z, perm):
+        def solved(Z: Tensor, perm: Tensor, solver: Callable[[Tensor], Tensor], cls: str,
+                   cand: Tensor | None = None) -> Tensor:
+            if still_optimal(Z, perm, cand):
                 count["kept"] += 1
                 return perm
             count["hungarian"] += 1
-            return solver(Z)
+            new = solver(Z)
+            count[f"flips_{cls}"] += int((new != perm).sum())
+            return new
 
         if "heads" in self.kinds:
             gqa = lambda Z: gqa_assignment(Z, self.rep)
-            self.head_perms = [solved(Z, p, gqa) for Z, p in zip(self.Z_heads, self.head_perms)]
+            self.head_perms = [solved(Z, p, gqa, "heads") for Z, p in zip(self.Z_heads, self.head_perms)]
         if "mlp" in self.kinds:
-            self.mlp_perms = [solved(Z, p, assignment) for Z, p in zip(self.Z_mlp, self.mlp_perms)]
+            self.mlp_perms = [solved(Z, p, lambda Z, c=c: sparse_assignment(Z, c), "mlp", c)
+                              for Z, p, c in zip(self.Z_mlp, self.mlp_perms, self.mlp_cand)]
         if "residual_perm" in self.kinds:  # Omega = P^T maximises tr(Omega^T Z)
-            self.res_perm = solved(self.Z_res.T, self.res_perm, assignment)
+            self.res_perm = solved(self.Z_res.T, self.res_perm, assignment, "residual")
         return count
 
     # the continuous maps, one function per class, shared by maps() (self.dtype) and element() (float64)
@@ -301,8 +486,8 @@ class Transform(nn.Module):
         return self.g0.layers[layer].vo.to(dtype) @ (torch.eye(d, dtype=dtype) + self.E_vo[layer].to(dtype))
 
     def maps(self) -> dict[str, dict]:
-        """What `act_ste` needs per group: (hard index, latent of its matrix P) per permutation, and the
-        continuous maps as differentiable tensors in the latents' dtype."""
+        """What `act_ste` needs per group: (hard index, latent of its matrix P, candidate graph or None)
+        per permutation, and the continuous maps as differentiable tensors in the latents' dtype."""
         out: dict[str, dict] = {}
         g, rep, dt = self.arch.n_kv_heads, self.rep, self.dtype
         for layer in range(self.arch.n_layers):
@@ -310,9 +495,9 @@ class Transform(nn.Module):
             if "heads" in self.kinds:
                 Z, hp = self.Z_heads[layer], self.head_perms[layer]  # [h, h], [h]
                 Z_kv = Z.reshape(g, rep, g, rep).sum((1, 3)) / rep  # [h_kv, h_kv] group-to-group scores
-                out[f"{b}.heads"] = {"perm": (hp, Z), "perm_kv": (hp[::rep] // rep, Z_kv)}
+                out[f"{b}.heads"] = {"perm": (hp, Z, None), "perm_kv": (hp[::rep] // rep, Z_kv, None)}
             if "mlp" in self.kinds:
-                out[f"{b}.mlp"] = {"perm": (self.mlp_perms[layer], self.Z_mlp[layer])}
+                out[f"{b}.mlp"] = {"perm": (self.mlp_perms[layer], self.Z_mlp[layer], self.mlp_cand[layer])}
             if "mlp_scale" in self.kinds:
                 out[f"{b}.mlp_scale"] = {"scale": self._scale(layer, dt)}
             for kind, fn in (("qk", self._qk), ("vo", self._vo)):
@@ -320,7 +505,7 @@ class Transform(nn.Module):
                     M = fn(layer, dt)
                     out[f"{b}.{kind}"] = {"right": M, "right_inv_t": torch.linalg.inv(M).mT}
         if "residual_perm" in self.kinds:  # x Omega = P x along the axis with P = Omega^T
-            out["residual"] = {"index": (self.res_perm, self.Z_res.mT)}
+            out["residual"] = {"index": (self.res_perm, self.Z_res.mT, None)}
         elif "residual_orth" in self.kinds:
             O0, eye = self.g0.residual.to(dt), torch.eye(self.arch.d_model, dtype=dt)
             O = newton_schulz_polar(O0 @ (eye + self.E_res))
@@ -405,18 +590,24 @@ def relative(arch: Arch, g_a: GroupElement | None, g_b: GroupElement) -> GroupEl
 
 
 def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
-             time_budget_s: float | None = None, progress: Progress | None = None) -> dict:
+             time_budget_s: float | None = None, progress: Progress | None = None,
+             settings: Settings | None = None,
+             on_check: Callable[[int, GroupElement | None, GroupElement], None] | None = None) -> dict:
     """Adam on the latents of B's transform (and A's, if dual) on the interpolated task loss.
 
     Runs `steps` steps, or fewer when `time_budget_s` seconds of optimisation run out (checked
-    before each step, as is ctx.cancel: engine.cancel). `progress` (default ctx.progress) hears of
-    every step. Returns the best hard elements seen on the validation batch (midpoint loss
-    of theta_A and g_A^{-1} g_B theta_B, the same function as the dual midpoint), the history, the
-    steps done and the memory it took: latent and Adam-state bytes, and the process's peak
-    resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
+    before each step, as is ctx.cancel: engine.cancel) or when the validation midpoint loss has not
+    improved for `settings.patience` checks. `settings` (default ctx.learned, else Settings()) sets
+    the schedule, the lam sampling and the MLP candidates; `progress` (default ctx.progress) hears
+    of every step; `on_check(step, g_a, g_b)` (optional) is called after every validation check with
+    the best hard elements so far. Returns the best hard elements seen on the validation batch
+    (midpoint loss of theta_A and g_A^{-1} g_B theta_B, the same function as the dual midpoint), the
+    history, the curve, the steps done and the memory it took: latent and Adam-state bytes, and the
+    process's peak resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
     """
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
+    st = settings or ctx.learned or Settings()
     progress = progress or ctx.progress
     name = "dual matching" if dual else "learned matching"
     tw = twin(pair.model_a)
@@ -430,10 +621,16 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     clock = tick()
     pa = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_a.items()}
     pb = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_b.items()}
-    side_b = Transform(arch, spec, kinds, g0_b, dtype)
-    side_a = Transform(arch, spec, kinds, identity(arch), dtype) if dual else None
+    has_mlp = "mlp" in kinds
+    side_b = Transform(arch, spec, kinds, g0_b, dtype,
+                       mlp_candidates(spec, pa, pb, g0_b, st.candidates) if has_mlp else None)
+    side_a = None
+    if dual:  # A's latent scores A's neurons against B moved by its start
+        start = identity(arch)
+        side_a = Transform(arch, spec, kinds, start, dtype,
+                           mlp_candidates(spec, pb, pa, start, st.candidates, g_ref=g0_b) if has_mlp else None)
     sides = [s for s in (side_a, side_b) if s is not None]
-    groups = [g for s in sides for g in s.param_groups()]
+    groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]
     opt = torch.optim.Adam(groups, foreach=False) if groups else None  # foreach would copy every latent
     batches = train_batches(arch, ctx.batch, ctx.seed)
     rng = random.Random(ctx.seed)
@@ -450,28 +647,42 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     best = elements()  # the start: its hard permutations are already Hungarian(Z)
     best_val, best_step, solved_at = val_midpoint(*best), 0, 0
     history = {"step": [0], "train_loss": [None], "val_midpoint_loss": [best_val], "seconds": [clock()]}
-
+    curve = {"step": [], "train_loss": [], "lr_factor": [], "lambda": []}  # every step
     solves = {"hungarian": 0, "kept": 0}
+    resolves: dict[str, list] = {"step": [], "hungarian": [], "flips_heads": [], "flips_mlp": [], "flips_residual": []}
+    if on_check:
+        on_check(0, *best)
 
     def solve(step: int) -> None:
         nonlocal solved_at
+        n = {k: 0 for k in resolves if k != "step"} | {"kept": 0}
         for s in sides:
-            for k, n in s.solve().items():
-                solves[k] += n
+            for k, v in s.solve().items():
+                n[k] += v
+        solves["hungarian"] += n["hungarian"]
+        solves["kept"] += n["kept"]
+        resolves["step"].append(step)
+        for k, col in resolves.items():
+            if k != "step":
+                col.append(n[k])
         solved_at = step
 
-    def validate(step: int, loss: float) -> None:
+    def validate(step: int, loss: float) -> bool:
         nonlocal best, best_val, best_step
         solve(step)
         el = elements()
         v = val_midpoint(*el)
         for key, val in (("step", step), ("train_loss", loss), ("val_midpoint_loss", v), ("seconds", clock())):
             history[key].append(val)
-        if v < best_val:
+        improved = v < best_val
+        if improved:
             best_val, best, best_step = v, el, step
+        if on_check:
+            on_check(step, *best)
+        return improved
 
-    every = max(1, steps // EVALS)
-    done, loss, stopped = 0, float("nan"), "steps"
+    every = st.eval_every or max(1, steps // EVALS)
+    done, loss, stopped, waited = 0, float("nan"), "steps", 0
     t_opt = tick()
     for step in range(1, steps + 1 if opt else 1):
         check(ctx.cancel, f"{name}, step {step}/{steps}")
@@ -481,7 +692,10 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         if step - 1 - solved_at >= RESOLVE_EVERY:
             solve(step - 1)
         x, y = next(batches)
-        lam = rng.uniform(*LAMBDA)
+        lam = sample_lambda(rng, st.lambdas)
+        f = lr_factor(step, steps, st.warmup)
+        for g in opt.param_groups:
+            g["lr"] = g["peak"] * f
         theta_b = act_ste(spec, side_b.maps(), pb)
         theta_a = act_ste(spec, side_a.maps(), pa) if side_a else pa
         mid = {k: (1 - lam) * theta_a[k] + lam * theta_b[k] for k in pa}
@@ -491,11 +705,16 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         del mid
         opt.step()
         done = step
-        if step % every == 0 or step == steps:
-            validate(step, loss)
+        for key, val in (("step", step), ("train_loss", loss), ("lr_factor", f), ("lambda", lam)):
+            curve[key].append(val)
         if progress:
             progress(step, steps, f"step {step}/{steps}: train loss {loss:.4f}, "
                                   f"best validation midpoint loss {best_val:.4f}")
+        if step % every == 0 or step == steps:
+            waited = 0 if validate(step, loss) else waited + 1
+            if st.patience is not None and waited >= st.patience and step < steps:
+                stopped = "patience"
+                break
     if done and history["step"][-1] != done:  # stopped by the time budget between two checks
         validate(done, loss)
     opt_seconds = t_opt()
@@ -504,20 +723,22 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         "dtype": str(dtype).removeprefix("torch."),
         "model_bytes": tensor_bytes(pair.params_a.values()),
         "latent_bytes": tensor_bytes(latents),
-        "adam_state_bytes": tensor_bytes(v for st in (opt.state.values() if opt else []) for v in st.values()),
+        "candidate_bytes": tensor_bytes(c for s in sides for c in getattr(s, "mlp_cand", [])),
+        "adam_state_bytes": tensor_bytes(v for st_ in (opt.state.values() if opt else []) for v in st_.values()),
         "peak_rss_bytes_before": rss_before,
         "peak_rss_bytes": peak_rss_bytes(),
     }
     if cuda:
         memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(ref.device)
     return {"g_a": best[0], "g_b": best[1], "best_step": best_step, "best_val_midpoint_loss": best_val,
-            "history": history, "steps": steps, "steps_done": done, "stopped": stopped,
+            "history": history, "curve": curve, "resolves": resolves, "settings": asdict(st),
+            "steps": steps, "steps_done": done, "stopped": stopped,
             "time_budget_s": time_budget_s, "resolve_every": RESOLVE_EVERY, "permutation_solves": solves,
             "seconds_per_step": opt_seconds / done if done else None, "memory": memory}
 
 
 RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "permutation_solves", "best_step",
-          "best_val_midpoint_loss", "seconds_per_step", "memory", "history")
+          "best_val_midpoint_loss", "seconds_per_step", "memory", "history", "curve", "resolves", "settings")
 
 
 def align_learned(ctx: AlignContext) -> AlignOutput:

@@ -17,7 +17,7 @@ import torch
 from engine.align import METHODS
 from engine.align.common import default_classes, functional_logits, model_for, prepare_pair, resolve_classes, task_loss
 from engine.align.dual import dual_identity
-from engine.align.learned import Transform, act_ste
+from engine.align.learned import Transform, act_ste, dense_latent
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import (
     assignment,
@@ -300,7 +300,8 @@ def dense_action(T: Transform, params: dict) -> dict:
         mats[group] = {}
         for role, v in m.items():
             if role in ("perm", "perm_kv"):
-                mats[group][role] = straight_through(perm_matrix(v[0]), v[1])
+                Z = v[1] if v[2] is None else dense_latent(v[1], v[2])  # the MLP's candidate graph
+                mats[group][role] = straight_through(perm_matrix(v[0]), Z)
             elif role == "index":  # the residual permutation as Omega (x <- x Omega), latent Z_res
                 O = straight_through(residual_perm_matrix(v[0]), T.Z_res)
                 mats[group] = {"right": O, "right_inv_t": O, "perm_matrix": O}
