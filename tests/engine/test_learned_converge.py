@@ -1,0 +1,233 @@
+"""Learned and dual matching in bounded memory, and what makes them converge: the MLP latent on a
+candidate graph (a real permutation, the exact restricted optimum, a planted answer recovered, the
+straight-through gradient at the candidate entries), the warm-up + cosine schedule, the lam sampling
+modes, early stopping, and the curve the record keeps. Tiny float64 models, one-sided runs from a
+fixed start (no weight matching), so every test is fast."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+from scipy.optimize import linear_sum_assignment
+
+from engine.align import learned
+from engine.align.common import AlignContext, default_classes, functional_logits, prepare_pair, task_loss
+from engine.align.learned import (
+    LAMBDAS,
+    Settings,
+    Transform,
+    act_ste,
+    dense_latent,
+    lr_factor,
+    mlp_candidates,
+    optimise,
+    sample_lambda,
+    sparse_assignment,
+)
+from engine.errors import LMCError
+from engine.evaluate import lm_eval_set
+from engine.models import canonical
+from engine.models.reference import RefConfig, build
+from engine.spec import build_spec
+from engine.symmetry import GroupElement, LayerElement, apply, identity, sample
+
+F64 = torch.float64
+
+
+@pytest.fixture(autouse=True)
+def small_validation(monkeypatch):
+    monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 256})  # the validation check's size is not under test
+
+
+def tiny(seed_b: int = 1):
+    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, pe="rope")
+    a, b = build(cfg, seed=0, dtype=F64), build(cfg, seed=seed_b, dtype=F64)
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    return prepare_pair(a, b, kinds), kinds
+
+
+def random_graph(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """cand [n, k]: a random permutation in column 0, then k - 1 other distinct columns per row."""
+    first = torch.randperm(n, generator=gen)
+    rest = torch.stack([torch.randperm(n, generator=gen) for _ in range(n)])  # [n, n]
+    cand = torch.empty(n, k, dtype=torch.long)
+    for i in range(n):
+        cand[i, 0] = first[i]
+        cand[i, 1:] = rest[i][rest[i] != first[i]][:k - 1]
+    return cand, torch.randn(n, k, generator=gen, dtype=F64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The candidate graph
+
+
+def test_sparse_assignment_is_a_permutation_and_the_optimum_on_its_graph():
+    gen = torch.Generator().manual_seed(0)
+    for n, k in ((7, 3), (20, 4), (12, 12)):
+        for _ in range(10):
+            cand, values = random_graph(n, k, gen)
+            perm = sparse_assignment(values, cand)
+            assert sorted(perm.tolist()) == list(range(n))  # a real permutation
+            assert bool((cand == perm[:, None]).any(1).all())  # only edges of the graph
+            # the restricted optimum, by the dense Hungarian with non-edges forbidden
+            dense = np.full((n, n), -1e9)
+            for i in range(n):
+                dense[i, cand[i].numpy()] = values[i].numpy()
+            r, c = linear_sum_assignment(dense, maximize=True)
+            best = float(dense[r, c].sum())
+            got = float(dense[np.arange(n), perm.numpy()].sum())
+            assert got == pytest.approx(best, rel=1e-12, abs=1e-12)
+    # a graph without a perfect matching (nobody may take column 2) is refused in one sentence
+    with pytest.raises(LMCError, match="no perfect matching"):
+        sparse_assignment(torch.ones(3, 2, dtype=F64), torch.tensor([[0, 1], [0, 1], [1, 0]]))
+
+
+def test_candidates_recover_a_planted_mlp_permutation_from_the_wrong_start():
+    """B = A with its MLP neurons permuted; from the identity start the planted partner is among every
+    neuron's candidates, the sparse matching of the candidate scores is the planted permutation, and the
+    element it gives moves B exactly onto A (float64)."""
+    pair, _ = tiny(seed_b=0)
+    arch, spec = pair.arch, pair.spec
+    gen = torch.Generator().manual_seed(3)
+    planted = [torch.randperm(arch.d_mlp, generator=gen) for _ in range(arch.n_layers)]
+    start = identity(arch)
+    g = GroupElement(tuple(LayerElement(el.head_perm, el.qk, el.vo, p, el.mlp_scale)
+                           for el, p in zip(start.layers, planted)), start.residual)
+    pb = apply(arch, g, pair.params_a)  # B's neuron i is A's neuron planted[i]
+    inv = [torch.argsort(p) for p in planted]  # B's neuron inv[i] is A's neuron i: the answer
+    cands = mlp_candidates(spec, pair.params_a, pb, start, k=4)
+    assert [c.shape for c in cands] == [(arch.d_mlp, 4)] * arch.n_layers
+    for cand, want in zip(cands, inv):
+        assert torch.equal(cand[:, 0], torch.arange(arch.d_mlp))  # the start's partner comes first
+        assert bool((cand == want[:, None]).any(1).all())
+    T = Transform(arch, spec, frozenset({"mlp"}), start, F64, cands)
+    with torch.no_grad():  # latents = the weight-matching scores at the candidate entries
+        for layer, (Z, cand) in enumerate(zip(T.Z_mlp, cands)):
+            feats_a = [pair.params_a[k].movedim(ax, 0).reshape(arch.d_mlp, -1)
+                       for k, ax, a in spec.axes_of(f"blocks.{layer}.mlp") if a.role == "perm"]
+            feats_b = [pb[k].movedim(ax, 0).reshape(arch.d_mlp, -1)
+                       for k, ax, a in spec.axes_of(f"blocks.{layer}.mlp") if a.role == "perm"]
+            S = sum(fa @ fb.T for fa, fb in zip(feats_a, feats_b))  # [m, m]
+            Z.copy_(S.gather(1, cand))
+    counts = T.solve()
+    assert counts["flips_mlp"] > 0
+    assert all(torch.equal(p, w) for p, w in zip(T.mlp_perms, inv))
+    moved = apply(arch, T.element(), pb)  # strict: a member of the group
+    assert max(float((moved[k] - pair.params_a[k]).abs().max()) for k in moved) < 1e-12
+    wrong = apply(arch, start, pb)  # the converse: the start leaves B where it was
+    assert max(float((wrong[k] - pair.params_a[k]).abs().max()) for k in wrong) > 1e-2
+
+
+def test_the_sparse_gradient_is_the_dense_straight_through_gradient_at_the_candidates():
+    pair, kinds = tiny()
+    arch, spec = pair.arch, pair.spec
+    g = sample(arch, kinds, seed=4)
+    cands = mlp_candidates(spec, pair.params_a, pair.params_b, g, k=5)
+    sparse, full = Transform(arch, spec, kinds, g, F64, cands), Transform(arch, spec, kinds, g, F64)
+    es = lm_eval_set("val", 8, n_ctx=16)
+    grads = []
+    for T in (sparse, full):
+        moved = act_ste(spec, T.maps(), pair.params_b)
+        mid = {k: 0.5 * pair.params_a[k] + 0.5 * moved[k] for k in moved}
+        task_loss(functional_logits(pair.model_a, mid, es.inputs[:4]), es.targets[:4]).backward()
+        grads.append([Z.grad for Z in T.Z_mlp])
+    for gs, gf, cand in zip(*grads, cands):
+        assert gs.shape == cand.shape and gf.shape == (arch.d_mlp, arch.d_mlp)
+        assert gf.abs().max() > 0
+        assert torch.allclose(gs, gf.gather(1, cand), rtol=1e-10, atol=1e-12 * float(gf.abs().max()))
+        assert torch.equal(dense_latent(gs, cand).gather(1, cand), gs)
+
+
+def test_candidates_must_hold_the_start():
+    pair, kinds = tiny()
+    g = identity(pair.arch)
+    cands = mlp_candidates(pair.spec, pair.params_a, pair.params_b, g, k=3)
+    bad = [c.clone() for c in cands]
+    bad[0][0] = torch.tensor([5, 6, 7])  # neuron 0's row lacks its starting partner, neuron 0
+    with pytest.raises(LMCError, match="starting partner"):
+        Transform(pair.arch, pair.spec, kinds, g, F64, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Schedule, lam sampling, settings
+
+
+def test_warmup_then_cosine():
+    steps, warm = 100, 0.1
+    f = [lr_factor(s, steps, warm) for s in range(1, steps + 1)]
+    assert f[:10] == pytest.approx([s / 10 for s in range(1, 11)], rel=1e-15)  # linear warm-up to the peak
+    assert all(a > b for a, b in itertools.pairwise(f[9:]))  # strictly decreasing after the peak
+    assert 0 < f[-1] < 1e-3 and f[54] == pytest.approx(0.5 * (1 + math.cos(math.pi * 45 / 91)), rel=1e-15)
+    assert lr_factor(1, 1, 0.0) == 1.0 and lr_factor(3, 5, 0.0) < 1.0  # warm-up of at least one step
+
+
+def test_lambda_sampling_modes():
+    for mode, (lo, hi) in LAMBDAS.items():
+        rng = random.Random(0)
+        xs = [sample_lambda(rng, mode) for _ in range(400)]
+        assert all(lo <= x <= hi for x in xs)
+        if mode == "fixed":
+            assert set(xs) == {0.5}
+        else:  # the band is really covered
+            assert min(xs) < lo + 0.05 * (hi - lo) and max(xs) > hi - 0.05 * (hi - lo)
+    assert LAMBDAS["narrow"] == (0.4, 0.6) and LAMBDAS["uniform"] == (0.0, 1.0)
+    for bad in ({"lambdas": "wide"}, {"lr_perm": -1.0}, {"warmup": 1.0}, {"patience": 0}, {"candidates": 0},
+                {"eval_every": 2.5}):
+        with pytest.raises(LMCError):
+            Settings(**bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# The optimisation: early stopping, the record
+
+
+def test_patience_stops_a_run_that_cannot_improve():
+    pair, kinds = tiny()
+    g0 = identity(pair.arch)
+    frozen = Settings(lr_perm=0.0, lr_map=0.0, patience=2, eval_every=1)  # nothing moves: no improvement
+    res = optimise(AlignContext(pair, kinds, steps=10), g0, dual=False, steps=10, settings=frozen)
+    assert res["stopped"] == "patience" and res["steps_done"] == 2 and res["best_step"] == 0
+    assert res["history"]["step"] == [0, 1, 2] and res["resolves"]["flips_mlp"] == [0, 0]
+    free = Settings(lr_perm=0.0, lr_map=0.0, eval_every=1)  # without patience the run uses its budget
+    res = optimise(AlignContext(pair, kinds, steps=4), g0, dual=False, steps=4, settings=free)
+    assert res["stopped"] == "steps" and res["steps_done"] == 4
+
+
+def test_the_record_keeps_the_curve_the_settings_and_the_flips():
+    pair, kinds = tiny()
+    g0 = identity(pair.arch)
+    st = Settings(lr_perm=2.0, lambdas="uniform", eval_every=2, candidates=4)  # big steps: permutations flip
+    seen = []
+    res = optimise(AlignContext(pair, kinds, steps=6), g0, dual=False, steps=6, settings=st,
+                   on_check=lambda step, g_a, g_b: seen.append((step, g_a, g_b)))
+    curve, hist, rs = res["curve"], res["history"], res["resolves"]
+    assert curve["step"] == list(range(1, 7)) and len(curve["train_loss"]) == 6
+    assert curve["lr_factor"] == [lr_factor(s, 6, st.warmup) for s in range(1, 7)]
+    assert all(0.0 <= lam <= 1.0 for lam in curve["lambda"]) and len(set(curve["lambda"])) == 6
+    assert hist["step"] == [0, 2, 4, 6] and all(math.isfinite(v) for v in hist["val_midpoint_loss"])
+    assert [s for s, _, _ in seen] == hist["step"] and all(g_a is None for _, g_a, _ in seen)
+    assert rs["step"] == sorted(rs["step"]) and sum(rs["flips_mlp"]) + sum(rs["flips_heads"]) > 0
+    assert sum(rs["hungarian"]) == res["permutation_solves"]["hungarian"]
+    assert res["settings"]["lambdas"] == "uniform" and res["settings"]["candidates"] == 4
+    assert res["memory"]["latent_bytes"] > 0 and res["memory"]["candidate_bytes"] == 2 * pair.arch.d_mlp * 4 * 8
+    kept = res["g_b"]  # the best element is a real group element
+    for el in kept.layers:
+        assert sorted(el.mlp_perm.tolist()) == list(range(pair.arch.d_mlp))
+    apply(pair.arch, kept, pair.params_b)  # strict membership check
+
+
+def test_dual_reads_its_settings_from_the_context():
+    from engine.align.dual import align_dual
+
+    pair, kinds = tiny()
+    st = Settings(lambdas="fixed", candidates=3)
+    info = align_dual(AlignContext(pair, kinds, steps=2, compare_one_sided=False, learned=st)).info
+    assert info["settings"]["lambdas"] == "fixed" and info["curve"]["lambda"] == [0.5, 0.5]
+    assert info["memory"]["candidate_bytes"] == 2 * 2 * pair.arch.d_mlp * 3 * 8  # two sides
+    assert info["identity"]["holds"]
+    assert learned.RECORD[-3:] == ("curve", "resolves", "settings")
