@@ -74,6 +74,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     anything is written.
     """
     from engine.align import METHODS
+    from engine.align.learned import run_options
     from engine.align.run import align, alignment_record, endpoint_check
 
     if cfg.method not in METHODS:
@@ -108,7 +109,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         loss_b = evaluate(model_b, es, progress=phases.phase("measure B"), cancel=cancel)["loss"]
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
-               cancel=cancel)
+               cancel=cancel, **run_options(cfg.extra))
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=phases.phase("interpolate", cfg.points),
                        offload=offload, device=device if offload else None, cancel=cancel)
     t1 = time.perf_counter()

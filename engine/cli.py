@@ -175,8 +175,19 @@ def _run_config(args, method: str, device: str):
         model_a=args.model_a, model_b=args.model_b, method=method,
         classes=tuple(getattr(args, "classes", None) or ()), steps=getattr(args, "steps", 0) or 0,
         points=args.points, eval_split=args.split, eval_items=args.eval_items,
-        seed=getattr(args, "seed", 0), device=device,
+        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args),
     )
+
+
+def _learned_extra(args) -> tuple[tuple[str, str], ...]:
+    """RunConfig.extra from the learned / dual flags that were given (none given: the config hashes as before)."""
+    given = (("time_budget_s", getattr(args, "time_budget", None)), ("lambdas", getattr(args, "lambda_sampling", None)),
+             ("patience", getattr(args, "patience", None)))
+    extra = tuple((k, str(v)) for k, v in given if v is not None)
+    if extra and getattr(args, "method", "naive") not in ("learned", "dual"):
+        raise LMCError(f"--time-budget, --lambda-sampling and --patience set learned and dual matching; method "
+                       f"{getattr(args, 'method', 'naive')} does not use them.")
+    return extra
 
 
 def cmd_interpolate(args) -> None:
@@ -380,6 +391,13 @@ def _path(s: str) -> str:
 _seed = _int_in(0, 2**32 - 1, "a random seed")
 
 
+def _positive_seconds(s: str) -> float:
+    v = _finite(s)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a positive number of seconds")
+    return v
+
+
 def _add_path_args(p: argparse.ArgumentParser) -> None:
     from engine.api import DEFAULT_EVAL_ITEMS
 
@@ -435,6 +453,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_int_in(0, MAX_STEPS, "optimisation steps; 0 for the method's default"), default=0,
                    help="learned / dual optimisation steps (0: the method's default)")
     p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
+    p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="SECONDS",
+                   help="learned / dual: also stop after this many seconds of optimisation")
+    p.add_argument("--lambda-sampling", choices=["narrow", "uniform", "fixed"], default=None,
+                   help="learned / dual: lambda per step from U(0.4, 0.6) (narrow, the default), U(0, 1), or 0.5")
+    p.add_argument("--patience", type=_int_in(1, MAX_STEPS, "validation checks without improvement"), default=None,
+                   help="learned / dual: stop after this many validation checks without a better midpoint loss")
     p.add_argument("--save-merged", type=_path, default=None, metavar="DIR",
                    help="save the interpolated model into this directory (new, empty, or written by this tool)")
     p.add_argument("--alpha", type=_finite, default=None,

@@ -152,6 +152,31 @@ class Settings:
             raise LMCError(f"Learned matching: candidates must be a positive integer, not {self.candidates!r}.")
 
 
+OPTIONS = ("time_budget_s", "lambdas", "patience", "lr_perm")  # RunConfig.extra keys a run may set
+
+
+def run_options(extra: tuple[tuple[str, str], ...]) -> dict:
+    """`align` keyword arguments from a RunConfig's `extra` pairs (strings, so that a config without
+    them hashes as before): {"time_budget_s": float, "learned": Settings} for the keys it holds."""
+    given = dict(extra)
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise LMCError(f"Run option {unknown[0]!r} is not known; the options are {', '.join(OPTIONS)}.")
+    out: dict = {}
+    try:
+        if "time_budget_s" in given:
+            out["time_budget_s"] = float(given["time_budget_s"])
+            if not (math.isfinite(out["time_budget_s"]) and out["time_budget_s"] > 0):
+                raise ValueError
+        kw = {k: conv(given[k]) for k, conv in (("lambdas", str), ("patience", int), ("lr_perm", float)) if k in given}
+    except ValueError:
+        raise LMCError(f"Run options {given} are not valid: time_budget_s is a positive number of seconds, "
+                       "patience a positive integer, lr_perm a step size.") from None
+    if kw:
+        out["learned"] = Settings(**kw)
+    return out
+
+
 def lr_factor(step: int, steps: int, warmup: float) -> float:
     """The step size of step `step` (1-based) of `steps` as a fraction of the peak: linear warm-up over
     the first round(warmup * steps) steps (at least one), then a cosine decay that reaches 0 one step

@@ -27,6 +27,7 @@ from engine.align.common import (
     storages,
     tick,
 )
+from engine.align.learned import Settings
 from engine.align.solvers import single_thread
 from engine.cancel import CancelToken
 from engine.errors import ExactnessError, LMCError
@@ -57,7 +58,8 @@ class Aligned:
 
 def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] | list[str] | None = (),
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
-          compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None) -> Aligned:
+          compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None,
+          time_budget_s: float | None = None, learned: Settings | None = None) -> Aligned:
     """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model).
 
     in_place=True writes g.theta_B into B's own tensors (pair.model_b: `b` itself unless the norms were
@@ -66,7 +68,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     Approximate classes keep the copy: their exactness check needs the original B. `progress` hears of
     every layer or step of the method, and `cancel` (engine.cancel) stops it with Cancelled between
     two; B is moved only after the method has finished, so a cancelled run leaves B computing what it
-    computed (its norms possibly folded).
+    computed (its norms possibly folded). `time_budget_s` and `learned` (engine.align.learned.Settings:
+    schedule, lam sampling, patience) apply to learned and dual matching.
     """
     t = tick()
     check_same_architecture(a, b)
@@ -76,7 +79,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
-                       compare_one_sided=compare_one_sided, cancel=cancel)
+                       compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned)
     out = METHODS[method].fn(ctx)
     if method == "naive":
         return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before)

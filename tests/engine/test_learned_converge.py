@@ -231,3 +231,42 @@ def test_dual_reads_its_settings_from_the_context():
     assert info["memory"]["candidate_bytes"] == 2 * 2 * pair.arch.d_mlp * 3 * 8  # two sides
     assert info["identity"]["holds"]
     assert learned.RECORD[-3:] == ("curve", "resolves", "settings")
+
+
+# ---------------------------------------------------------------------------------------------
+# The options from the command line
+
+
+def test_run_options_parse_and_refuse():
+    from engine.align.learned import run_options
+
+    assert run_options(()) == {}
+    got = run_options((("time_budget_s", "30"), ("lambdas", "uniform"), ("patience", "3")))
+    assert got == {"time_budget_s": 30.0, "learned": Settings(lambdas="uniform", patience=3)}
+    for bad in ((("time_budget_s", "-1"),), (("patience", "x"),), (("lambdas", "wide"),), (("speed", "1"),)):
+        with pytest.raises(LMCError):
+            run_options(bad)
+
+
+def test_cli_flags_reach_the_record(tmp_path, capsys):
+    import json
+
+    from engine.cli import main
+    from engine.models import save_model
+
+    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, pe="rope")
+    for s in (0, 1):
+        save_model(build(cfg, seed=s), tmp_path / f"m{s}")
+    out = tmp_path / "r.json"
+    args = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--points", "3", "--eval-items", "256",
+            "--steps", "3", "--out", str(out)]
+    assert main(args + ["--method", "learned", "--lambda-sampling", "fixed", "--patience", "2",
+                        "--time-budget", "600"]) == 0
+    rec = json.loads(out.read_text())
+    d = rec["alignment"]["diagnostics"]
+    assert d["settings"]["lambdas"] == "fixed" and d["settings"]["patience"] == 2 and d["time_budget_s"] == 600.0
+    assert d["curve"]["lambda"] == [0.5] * d["steps_done"]
+    assert dict(map(tuple, rec["config"]["extra"])) == {"time_budget_s": "600.0", "lambdas": "fixed", "patience": "2"}
+    capsys.readouterr()
+    assert main(args[:-4] + ["--out", str(out), "--method", "weight", "--patience", "2"]) == 2  # no --steps
+    assert "--patience" in capsys.readouterr().err
