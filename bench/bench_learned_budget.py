@@ -25,7 +25,7 @@ PAIRS = ("lm-learned", "lm-none", "vit-learned")
 
 
 def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, points: int, settings: dict,
-             emit, eval_every: int) -> None:
+             emit, eval_every: int, variants: list[dict]) -> None:
     import torch
 
     from engine.align.common import AlignContext, model_for, prepare_pair, resolve_classes
@@ -60,23 +60,23 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
     g0, _ = weight_match(pair, kinds, None)
     init_s = time.perf_counter() - t
     emit(base | {"method": "weight", "step": 0, "seconds": init_s} | path(g0))
-    st = Settings(eval_every=eval_every, **settings)
     steps = max(checkpoints)
-    for method in methods:
+    for method, variant in ((m, v) for m in methods for v in variants):
+        st = Settings(eval_every=eval_every, **(settings | variant))
         t = time.perf_counter()
         eval_s = [0.0]
 
-        def on_check(step, g_a, g_b, method=method, t=t, eval_s=eval_s) -> None:
+        def on_check(step, g_a, g_b, method=method, variant=variant, t=t, eval_s=eval_s) -> None:
             if step not in checkpoints:
                 return
             t1 = time.perf_counter()
-            row = base | {"method": method, "step": step, "opt_seconds": t1 - t - eval_s[0]}
+            row = base | {"method": method, "variant": variant, "step": step, "opt_seconds": t1 - t - eval_s[0]}
             emit(row | path(relative(pair.arch, g_a, g_b)))
             eval_s[0] += time.perf_counter() - t1
 
         res = optimise(AlignContext(pair, kinds, steps=steps), g0, dual=method == "dual", steps=steps, settings=st,
                        on_check=on_check)
-        emit(base | {"method": method, "summary": True, "steps_done": res["steps_done"], "stopped": res["stopped"],
+        emit(base | {"method": method, "variant": variant, "summary": True, "steps_done": res["steps_done"], "stopped": res["stopped"],
                      "best_step": res["best_step"], "settings": res["settings"], "history": res["history"],
                      "resolves": res["resolves"], "seconds_per_step": res["seconds_per_step"]})
 
@@ -90,12 +90,16 @@ def main() -> None:
     ap.add_argument("--points", type=int, default=11)
     ap.add_argument("--eval-every", type=int, default=5, help="steps between validation checks (divides every checkpoint)")
     ap.add_argument("--lr-perm", type=float, default=None, help="peak step size of the permutation latents")
+    ap.add_argument("--lr-map", type=float, default=None, help="peak step size of the continuous latents")
     ap.add_argument("--lambdas", default=None, help="lam sampling mode (narrow, uniform, fixed)")
+    ap.add_argument("--variants", nargs="+", type=json.loads, default=[{}],
+                    help="Settings overrides as JSON objects, one optimisation run each from the same start")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     args = ap.parse_args()
     if any(c % args.eval_every for c in args.checkpoints):
         ap.error("--eval-every must divide every checkpoint")
-    settings = {k: v for k, v in (("lr_perm", args.lr_perm), ("lambdas", args.lambdas)) if v is not None}
+    settings = {k: v for k, v in (("lr_perm", args.lr_perm), ("lr_map", args.lr_map),
+                                            ("lambdas", args.lambdas)) if v is not None}
     out = open(args.out, "a") if args.out else None  # noqa: SIM115 (closed below)
 
     def emit(row: dict) -> None:
@@ -110,7 +114,7 @@ def main() -> None:
     try:
         for name in args.pairs:
             run_pair(name, args.methods, sorted(set(args.checkpoints)), args.items, args.points, settings, emit,
-                     args.eval_every)
+                     args.eval_every, args.variants)
     finally:
         if out:
             out.close()

@@ -99,7 +99,7 @@ from engine.symmetry import (
 )
 
 DEFAULT_STEPS = 100  # the documented budget of `learned` and `dual` when a run asks for 0 steps
-LR = {"perm": 0.05, "map": 2e-3}  # peak Adam step sizes: permutation latents, continuous latents
+LR = {"perm": 0.05, "map": 1e-2}  # peak Adam step sizes: permutation latents, continuous latents
 WARMUP = 0.1  # fraction of the step budget with a linearly rising step size; a cosine decay follows
 LAMBDAS = {"narrow": (0.4, 0.6), "uniform": (0.0, 1.0), "fixed": (0.5, 0.5)}  # lam sampling modes
 CANDIDATES = 16  # candidate partners per MLP neuron (the latent is [m, CANDIDATES] per layer)
