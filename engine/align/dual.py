@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from torch import Tensor
 
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
 from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative
@@ -31,6 +32,7 @@ from engine.symmetry import GroupElement, apply
 
 IDENTITY_LAMBDAS = (0.25, 0.5, 0.75)
 IDENTITY_ITEMS = {"lm": 1024, "vit": 128}
+IDENTITY_LOGIT_ITEMS = 2  # sequences / images whose logits are compared (kept for every lam and both sides)
 IDENTITY_F64_MAX_PARAMS = 20_000_000  # above this the check runs in the model's dtype
 IDENTITY_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # relative, as the exactness guard's
 
@@ -51,19 +53,22 @@ def dual_identity(pair: Pair, g_a: GroupElement, g_b: GroupElement,
     per_pass = items_per_pass(arch, x, dtype)
     pa = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_a.items()}
     pb = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_b.items()}
-    ta, tb = apply(arch, g_a, pa), apply(arch, g_b, pb)
-    rel = apply(arch, relative(arch, g_a, g_b), pb)
-    dual, one_sided, logit_err = [], [], []
-    for lam in lambdas:
-        logits = []
-        for out, (p, q) in zip((dual, one_sided), ((ta, tb), (pa, rel))):
+    losses: dict[str, list[float]] = {"dual": [], "one_sided": []}
+    logits: dict[str, list[Tensor]] = {"dual": [], "one_sided": []}
+    for side in ("dual", "one_sided"):  # one side at a time: two moved copies, not three, plus the midpoint
+        if side == "dual":
+            p, q = apply(arch, g_a, pa), apply(arch, g_b, pb)
+        else:
+            p, q = pa, apply(arch, relative(arch, g_a, g_b), pb)
+        for lam in lambdas:
             mid = {k: (1 - lam) * p[k] + lam * q[k] for k in p}
-            out.append(mean_loss(lambda inp, mid=mid: functional_logits(tw, mid, inp), x, y, per_pass))
+            losses[side].append(mean_loss(lambda inp, mid=mid: functional_logits(tw, mid, inp), x, y, per_pass))
             with torch.no_grad():  # the mean loss washes out 1e-16 differences; the logits show them
-                logits.append(functional_logits(tw, mid, x[:per_pass]))
+                logits[side].append(functional_logits(tw, mid, x[:IDENTITY_LOGIT_ITEMS]))
             del mid
-        la, lb = logits
-        logit_err.append(float((la - lb).abs().max() / lb.abs().max()))
+        del p, q
+    dual, one_sided = losses["dual"], losses["one_sided"]
+    logit_err = [float((la - lb).abs().max() / lb.abs().max()) for la, lb in zip(logits["dual"], logits["one_sided"])]
     err = max(abs(u - v) / abs(v) for u, v in zip(dual, one_sided))
     tol = IDENTITY_TOLERANCE.get(dtype, IDENTITY_TOLERANCE[torch.float32])
     return {"lambdas": list(lambdas), "loss_dual": dual, "loss_one_sided": one_sided, "max_relative_error": err,
