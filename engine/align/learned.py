@@ -57,6 +57,7 @@ import torch
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from engine.align.common import (
     F64,
@@ -85,7 +86,7 @@ from engine.errors import LMCError
 from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.progress import Progress, relabel
-from engine.spec import Spec
+from engine.spec import ParamSpec, Spec
 from engine.symmetry import (
     GroupElement,
     LayerElement,
@@ -326,34 +327,47 @@ def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
 
     maps[group] as Transform.maps gives it: "perm" / "perm_kv" (and "index" for a residual
     permutation, which moves writers, readers and norms alike) are (hard index, latent of P,
-    candidate graph or None) triples; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups absent act as the identity.
-    Permutations act first, as in apply, because the maps are indexed by the new index. Every
-    product runs in the weights' dtype.
+    candidate graph or None) triples; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups
+    absent act as the identity. Permutations act first, as in apply, because the maps are indexed by
+    the new index. Every product runs in the weights' dtype.
+
+    With gradients on, each parameter's chain of actions runs under activation checkpointing: the
+    intermediate copies (a weight permuted along one axis, then another, then rotated) are recomputed
+    in the backward pass instead of kept, so a side's action holds one moved copy of the model, not
+    one per action in its chains.
     """
     out: Params = {}
     for key, ps in spec.params.items():
         x = params[key]
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                if a.role in ("perm", "perm_kv") and a.group in maps:
-                    x = permute(x, axis, *maps[a.group][a.role])
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                m = maps.get(a.group)
-                if m is None:
-                    continue
-                if "index" in m:
-                    x = permute(x, axis, *m["index"])
-                elif a.role in ("right", "right_inv_t"):
-                    x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
-                elif a.role in ("scale", "inv_scale"):
-                    shape = [1] * x.dim()
-                    shape[axis] = -1
-                    s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
-                    x = x * s if a.role == "scale" else x / s
-                # a folded gain (all ones) is invariant under rotations
-        out[key] = x
+        if torch.is_grad_enabled() and not ps.invariant:
+            out[key] = checkpoint(_act_one, ps, maps, x, use_reentrant=False)
+        else:
+            out[key] = _act_one(ps, maps, x)
     return out
+
+
+def _act_one(ps: ParamSpec, maps: dict[str, dict], x: Tensor) -> Tensor:
+    """One parameter moved by `act_ste`'s maps."""
+    for axis, acts in enumerate(ps.axes):
+        for a in acts:
+            if a.role in ("perm", "perm_kv") and a.group in maps:
+                x = permute(x, axis, *maps[a.group][a.role])
+    for axis, acts in enumerate(ps.axes):
+        for a in acts:
+            m = maps.get(a.group)
+            if m is None:
+                continue
+            if "index" in m:
+                x = permute(x, axis, *m["index"])
+            elif a.role in ("right", "right_inv_t"):
+                x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
+            elif a.role in ("scale", "inv_scale"):
+                shape = [1] * x.dim()
+                shape[axis] = -1
+                s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
+                x = x * s if a.role == "scale" else x / s
+            # a folded gain (all ones) is invariant under rotations
+    return x
 
 
 def newton_schulz_polar(M: Tensor, iters: int = 12) -> Tensor:
