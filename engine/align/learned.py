@@ -1,7 +1,7 @@
 """Learned matching: optimise the transform on the task loss of the interpolated model
 (MATH.md section 4; "Git Re-Basin", ICLR 2023, straight-through estimator).
 
-    min over latents  E_{lam ~ U(0.4, 0.6)}  L((1 - lam) theta_A + lam g(theta_B))
+    min over latents  E_{lam ~ U(0.4, 0.6)}  L((1 - lam) theta_A + lam g(theta_B))   (lam: `Settings.lambdas`)
 
 with the model weights frozen and Adam on the latents only, initialised at the weight-matching
 solution. Each class has its own latent:
@@ -30,11 +30,14 @@ reference-family twin (common.twin). The element returned is always the hard, ex
 seen on a fixed validation batch (midpoint loss), the weight-matching start included.
 
 Cost, so that GPT-2-small (124M) fits (DESIGN.md, Scale): latents and products in the model's
-dtype (float32 models: float32; float64 models stay float64 for exactness tests); the Hungarian
-solves (scipy: up to a second for one 3072 x 3072 MLP layer) re-run every RESOLVE_EVERY steps and
-at each validation check, and only for layers whose permutation a one-pass check cannot certify;
-the loss over micro-batches whose logits stay under LOGIT_BYTES, in the logits' dtype. Latent,
-Adam-state and peak resident bytes go into the record, and a time budget can end the run.
+dtype (float32 models: float32; float64 models stay float64 for exactness tests); MLP latents on
+candidate graphs (a dense 3072 x 3072 latent per layer, with its gradient and Adam moments, was 14x
+one model at GPT-2-small); each parameter's chain of actions under activation checkpointing; the
+solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
+re-run every RESOLVE_EVERY steps and at each validation check, and only for layers whose permutation
+a one-pass check cannot certify; the loss over micro-batches whose logits stay under LOGIT_BYTES, in
+the logits' dtype. Latent, candidate, Adam-state and peak resident bytes go into the record, and a
+time budget can end the run.
 
 Convergence (`Settings`): Adam's step sizes follow a linear warm-up and a cosine decay over the step
 budget; lam is drawn from a narrow band around 0.5 (the default), from U(0, 1), or fixed at 0.5; the
