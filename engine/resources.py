@@ -41,8 +41,8 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                    activations, at most EVAL_BUDGET_BYTES), and no larger than the evaluation set
 
 N_act, N_tr: the scored positions of one activation-matching / training batch (sequences of T, or
-images, whose logits count once per image). Z = L (h^2 + m^2 + m + 2 h_kv d^2 + h_kv r) + 2 D^2
-latents in float64 (every class; r the rotary dims). The evaluation set itself (token ids) is left
+images, whose logits count once per image). Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2
+latents (k = min(m, learned.CANDIDATES) MLP candidates per neuron) in float64 (every class; r the rotary dims). The evaluation set itself (token ids) is left
 out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
 the CPU, cudaMemGetInfo on CUDA.
 """
@@ -146,8 +146,12 @@ def model_shape(path: str | Path) -> Shape:
 
 
 def _latents(a: Arch) -> int:
-    """Learned-matching latents of one side, every class (see the module docstring: Z)."""
-    per_layer = a.n_heads**2 + a.d_mlp**2 + a.d_mlp + 2 * a.n_kv_heads * a.d_head**2 + a.n_kv_heads * a.rotary_dim
+    """Learned-matching latents of one side, every class (see the module docstring: Z); the MLP latent
+    scores CANDIDATES partners per neuron (engine.align.learned)."""
+    from engine.align.learned import CANDIDATES
+
+    m = a.d_mlp
+    per_layer = a.n_heads**2 + m * min(m, CANDIDATES) + m + 2 * a.n_kv_heads * a.d_head**2 + a.n_kv_heads * a.rotary_dim
     return a.n_layers * per_layer + 2 * a.d_model**2
 
 
