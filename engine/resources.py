@@ -42,8 +42,8 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
 
 N_act, N_tr: the scored positions of one activation-matching / training batch (sequences of T, or
 images, whose logits count once per image). Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2
-latents (k = min(m, learned.CANDIDATES) MLP candidates per neuron) in float64 (every class; r the rotary dims). The evaluation set itself (token ids) is left
-out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
+latents (k = min(m, learned.CANDIDATES) MLP candidates per neuron) in float64 (every class; r the
+rotary dims). The evaluation set itself (token ids) is left out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
 the CPU, cudaMemGetInfo on CUDA.
 """
 
