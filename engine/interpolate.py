@@ -20,6 +20,7 @@ import time
 import torch
 
 from engine.cancel import CancelToken, check
+from engine.circuits import PATHS, CircuitPath
 from engine.errors import ArchitectureMismatch, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.models import Model
@@ -119,6 +120,21 @@ class LinearPath:
         return self.work
 
 
+def make_path(a: Model, b: Model, path: str = "weights", offload: bool = False,
+              device: str | torch.device | None = None) -> LinearPath | CircuitPath:
+    """The path between `a` and `b` of kind `path` (PATHS): LinearPath or engine.circuits.CircuitPath."""
+    if path not in PATHS:
+        raise LMCError(f"Path {path!r} is not a kind of path; choose one of: {', '.join(PATHS)}.")
+    if path == "circuits":
+        if offload:
+            for m in (a, b):
+                if any(t.device.type != "cpu" for t in m.module.state_dict().values()):
+                    raise LMCError(f"Offloaded interpolation keeps the endpoints on the CPU, but "
+                                   f"{m.name or 'a model'} does not live there; load it on the CPU.")
+        return CircuitPath(a, b, device=device)
+    return LinearPath(a, b, offload=offload, device=device)
+
+
 def barrier_metrics(lambdas: list[float], loss: list[float]) -> dict[str, float]:
     """Barrier = max over the grid of L(theta(lam)) minus the chord; midpoint = its value at 0.5."""
     la, lb = loss[0], loss[-1]
@@ -134,26 +150,29 @@ def accuracy_drop(lambdas: list[float], acc: list[float]) -> float:
 
 def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: int | None = None,
                 progress: Progress | None = None, offload: bool = False, device: str | torch.device | None = None,
-                autocast: bool = False, cancel: CancelToken | None = None) -> dict:
+                autocast: bool = False, cancel: CancelToken | None = None, path: str = "weights") -> dict:
     """Loss (and accuracy) along the path on `es`; the barrier fields of a result record.
 
     `max_tokens` and `autocast` go to every evaluation (engine.evaluate.evaluate); `offload` and
-    `device` place the path (LinearPath). `progress` hears of every grid point; `cancel` is checked
-    before each point and each evaluation batch (engine.cancel).
+    `device` place the path (LinearPath). `path` is "weights" (the factored weights lerp: LinearPath)
+    or "circuits" (each head's QK and OV circuits lerp: engine.circuits.CircuitPath, a model with
+    heads twice as wide). `progress` hears of every grid point; `cancel` is checked before each point
+    and each evaluation batch (engine.cancel).
     """
     t0 = time.perf_counter()
-    path = LinearPath(a, b, offload=offload, device=device)
+    line = make_path(a, b, path, offload=offload, device=device)
     lambdas = grid(points)
     loss, acc = [], []
     for i, lam in enumerate(lambdas):
         check(cancel, f"interpolation, point {i + 1}/{points}")
-        r = evaluate(path.at(lam), es, max_tokens, autocast, cancel=cancel)
+        r = evaluate(line.at(lam), es, max_tokens, autocast, cancel=cancel)
         loss.append(r["loss"])
         acc.append(r["accuracy"])
         if progress:
             progress(i + 1, points, f"lambda = {lam:.2f}: loss {r['loss']:.4f}")
     m = barrier_metrics(lambdas, loss)
     out = {
+        "path": path,
         "lambdas": lambdas,
         "loss": loss,
         "accuracy": acc if es.task == "vit" else None,
