@@ -15,7 +15,7 @@ from engine.cancel import check as check_cancel
 from engine.data import default_splits, digits_sha256
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for, evaluate
-from engine.interpolate import LinearPath, check_same_architecture, interpolate
+from engine.interpolate import LinearPath, check_same_architecture, interpolate, make_path
 from engine.models import Model, load_model, save_model
 from engine.models.io import check_output_dir
 from engine.progress import PhaseProgress, Phases
@@ -97,6 +97,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     b = load_named(cfg.model_b, cfg.dtype, home)
     tick(2, 2, f"model B: {b.name}")
     check_same_architecture(a, b)
+    if save_merged is not None and cfg.path == "circuits" and a.arch.pe == "rope":
+        raise LMCError("--save-merged cannot write a model of the circuit path under RoPE: its doubled heads "
+                       "rotate with the endpoints' frequencies, which the reference checkpoint format does not record.")
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
@@ -111,13 +114,13 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=phases.phase("interpolate", cfg.points),
-                       offload=offload, device=device if offload else None, cancel=cancel)
+                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
     extra = {"offload": True} if offload else {}
     if save_merged is not None:
-        merged = LinearPath(al.model_a, al.model_b).at(alpha)
+        merged = make_path(al.model_a, al.model_b, cfg.path).at(alpha)
         save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
         extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family}
     return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment_record(al),

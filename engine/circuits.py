@@ -37,8 +37,9 @@ from engine.errors import LMCError
 from engine.models import Model, canonical
 from engine.models.base import Params
 from engine.models.reference import RefConfig, Transformer, rope_frequencies, rope_pairs
+from engine.results import PATHS
 
-PATHS = ("weights", "circuits")
+__all__ = ["PATHS", "CircuitPath", "doubled_config", "half_columns"]
 ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")  # the factored head weights the circuit path replaces
 
 

@@ -68,7 +68,7 @@ def _progress_bar(desc: str) -> _PhaseBars:
 
 def _print_path_table(rec: dict) -> None:
     acc = rec.get("accuracy")
-    print(f"{rec['method']}: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
+    print(f"{rec['method']}, {rec.get('path', 'weights')} path: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
           f"{rec.get('provenance', {}).get('device', '?')})")
     print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else ""))
     for i, (t, l) in enumerate(zip(rec["lambdas"], rec["loss"])):
@@ -175,7 +175,7 @@ def _run_config(args, method: str, device: str):
         model_a=args.model_a, model_b=args.model_b, method=method,
         classes=tuple(getattr(args, "classes", None) or ()), steps=getattr(args, "steps", 0) or 0,
         points=args.points, eval_split=args.split, eval_items=args.eval_items,
-        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args),
+        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args), path=args.path,
     )
 
 
@@ -409,6 +409,9 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
                    help="scored tokens (LM) or images (ViT) per point, or 'all' for the whole split "
                         "(default 65,536: a third of the LM test split, every test image)")
+    p.add_argument("--path", default="weights", choices=["weights", "circuits"],
+                   help="weights (default): lerp the factored weights; circuits: lerp each head's QK and OV "
+                        "circuits (a model with heads twice as wide), like for like with the literature")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
     p.add_argument("--offload", action="store_true",

@@ -33,6 +33,7 @@ SCHEMA_VERSION = 1
 MAX_POINTS = 1001  # grid points on a path: 2 (the endpoints) to 1001 (steps of 0.001)
 MAX_STEPS = 100_000  # learned / dual optimisation steps
 SPLITS = ("val", "test")
+PATHS = ("weights", "circuits")  # what a path interpolates: the factored weights, or each head's circuits
 DTYPE_NAMES = ("float32", "float64")
 
 
@@ -71,6 +72,7 @@ class RunConfig:
     device: str = "auto"  # auto (cuda when available, else cpu), cpu, cuda or cuda:N
     dtype: str = "float32"
     data_sha256: str = ""
+    path: str = "weights"  # PATHS (engine.circuits)
     extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
@@ -95,13 +97,15 @@ class RunConfig:
              f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         need(isinstance(self.classes, (tuple, list)) and all(isinstance(c, str) for c in self.classes),
              "classes must be a tuple of class names")
+        need(self.path in PATHS, f"path must be one of {', '.join(PATHS)}, not {self.path!r}")
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def hash(self) -> str:
-        """Content hash of the config (device excluded: results agree up to float error)."""
-        d = {k: v for k, v in asdict(self).items() if k != "device"}
+        """Content hash of the config (device excluded: results agree up to float error; the default
+        weight path excluded too, so records made before paths had a choice keep their hashes)."""
+        d = {k: v for k, v in asdict(self).items() if k != "device" and (k, v) != ("path", "weights")}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -141,7 +141,7 @@ def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
     for col, rec in zip(st.columns(max(len(recs), 4)), recs):
         with col:
             dot = f'<span style="color:{style.method_colour(rec["method"])}">●</span>'
-            st.markdown(f"{dot} **{names.get(rec['method'], rec['method'])}**", unsafe_allow_html=True)
+            st.markdown(f"{dot} **{names.get(rec['method'], rec['method'])}** · {rec.get('path', 'weights')} path", unsafe_allow_html=True)
             delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
             st.metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
                       help=f"Largest rise of the loss above the chord between the endpoint losses, in {unit}.")

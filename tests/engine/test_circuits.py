@@ -1,17 +1,22 @@
 """The circuit path: doubled heads reproduce the interpolated QK / OV circuits, exactly, in float64."""
 
+import hashlib
+import json
 import math
+from dataclasses import asdict, replace
 
 import pytest
 import torch
 
 from engine.align.common import model_for
 from engine.circuits import CircuitPath, half_columns
+from engine.cli import main
 from engine.errors import LMCError
 from engine.evaluate import lm_eval_set
 from engine.interpolate import LinearPath, interpolate, make_path
-from engine.models import canonical
+from engine.models import canonical, save_model
 from engine.models.reference import RefConfig, apply_rope, build, rope_pairs
+from engine.results import RunConfig, load_record
 from engine.symmetry import apply, sample
 
 F64 = torch.float64
@@ -154,3 +159,23 @@ def test_interpolate_records_the_path_and_refuses_unknown_kinds():
     assert c["loss"][1] != pytest.approx(w["loss"][1], rel=1e-5)
     with pytest.raises(LMCError, match="'circuit' is not a kind of path"):
         make_path(a, b, "circuit")
+
+
+def test_cli_align_on_the_circuit_path_records_it_and_keeps_old_hashes(tmp_path, capsys):
+    cfg = tiny(vocab_size=256, pe="rope")
+    for s in (0, 1):
+        save_model(build(cfg, seed=s), tmp_path / f"m{s}")
+    out = tmp_path / "r.json"
+    args = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--points", "3", "--eval-items", "512"]
+    assert main([*args, "--path", "circuits", "--out", str(out)]) == 0
+    rec = load_record(out)
+    assert rec["path"] == rec["config"]["path"] == "circuits"
+    assert "weight, circuits path" in capsys.readouterr().out
+    weights = RunConfig("a", "b", "weight")
+    assert weights.hash() != replace(weights, path="circuits").hash()
+    assert weights.hash() == hashlib.sha256(json.dumps(  # the hash of a config from before paths had a choice
+        {k: v for k, v in asdict(weights).items() if k not in ("device", "path")}, sort_keys=True).encode()).hexdigest()[:16]
+    assert main([*args, "--path", "circuits", "--save-merged", str(tmp_path / "merged")]) == 2
+    assert "cannot write a model of the circuit path under RoPE" in capsys.readouterr().err
+    with pytest.raises(LMCError, match="path must be one of weights, circuits, not 'circuit'"):
+        RunConfig("a", "b", path="circuit")
