@@ -4,14 +4,15 @@
 Both models see the same training batch. Everything used is invariant to the transforms it is not
 solving for, so one pass suffices (no coordinate descent):
 
-    residual   Omega from the residual stream at every block boundary: Procrustes on X_B^T X_A
-               (rotation), or an assignment on the cross-correlation (permutation)
+    residual   Omega from the residual stream at every block boundary, each boundary at unit mean
+               square: Procrustes on X_B^T X_A (rotation), or an assignment on the cross-correlation
+               (permutation)
     heads      sigma on ||pattern_i^A - pattern_j^B||^2 + ||z_i^A - z_j^B Omega||^2: attention
                patterns are invariant to A_i, head outputs z_i = softmax(..) V_i W_O^i to B_i
     qk         A per KV group from the query / key activations (before RoPE), the same GL / RoPE
                problem as weight matching with activations as rows
-    vo         B per KV group: the GL problem with value activations (moving by B) and W_O^T (moving
-               by B^{-T}), each side scaled to unit norm
+    vo         B per KV group: the GL problem of weight matching (W_V moving by B, W_O^T by B^{-T}), in
+               A's residual frame; value activations can leave it unbounded (see the code)
     mlp        pi on the correlation of hidden activations (after the nonlinearity); with mlp_scale
                |correlation| for SwiGLU (its up branch may flip sign), then s_j by least squares
 
@@ -82,6 +83,17 @@ def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
         for h in hooks:
             h.remove()
     return out
+
+
+def boundary_rows(x: Tensor) -> Tensor:
+    """The residual stream at one block boundary [B, T, D] as rows [B*T, D] scaled to unit mean square.
+
+    Every reader sees the stream normalised, but its raw norm grows with depth (26-fold over the zoo
+    ViTs' first block): unscaled, the deepest boundaries alone would fit the residual map and the
+    embeddings would be ignored (bench/RESULTS.md, the ViT anomalies).
+    """
+    r = x.flatten(0, 1).to(F64)  # [B*T, D]
+    return r / r.square().mean().sqrt().clamp_min(1e-30)
 
 
 def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict[str, Tensor]:
@@ -156,7 +168,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
     if set(RESIDUAL) & kinds:
         stats = Moments(D)
         for xa, xb in zip(acts_a.pop("resid"), acts_b.pop("resid")):  # one block boundary at a time
-            stats.add(xa.flatten(0, 1).to(F64), xb.flatten(0, 1).to(F64))  # [N, D] each
+            stats.add(boundary_rows(xa), boundary_rows(xb))  # [N, D] each
         if "residual_perm" in kinds:
             O = residual_perm_matrix(assignment(stats.correlation()))
         else:
@@ -187,14 +199,19 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             Ka, Kb = _rows_per_head(at_a["k"]), _rows_per_head(at_b["k"])[kv]  # [h_kv, B*T, d]
             A = fit_qk(arch, structure, Qa, Qb, Ka, Kb)
         if "vo" in kinds:
-            # value activations move by B; W_O^T by B^{-T}. Least squares on v alone shrinks B where
-            # the models disagree and blows up B^{-1} W_O, so keep both sides, each at unit norm.
-            Va, Vb = _rows_per_head(at_a["v"]), _rows_per_head(at_b["v"])[kv]  # [h_kv, B*T, d]
-            Oa = pa[f"blocks.{layer}.attn.W_O"].mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*D, d]
-            Ob = (pb[f"blocks.{layer}.attn.W_O"][hp] @ O).mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # in A's frame
-            nv = Va.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)  # [h_kv, 1, 1]
-            no = Oa.norm(dim=(1, 2), keepdim=True).clamp_min(1e-30)
-            B = fit_gl(Va / nv, Vb / nv, Oa / no, Ob / no)
+            # On the weights, as weight matching fits it (W_V moves by B, W_O^T by B^{-T}), with B's in
+            # A's residual frame. Not on value activations: they may span fewer directions than the
+            # head (the zoo ViTs' residual streams hold 99% of their energy in 10-15 of 64 dims), and
+            # along a direction they miss B can grow without cost while B^{-1} W_O shrinks, so the fit
+            # ran off to singular values near 1,000 on vit-rope (bench/RESULTS.md, the ViT anomalies).
+            att = f"blocks.{layer}.attn"
+            Va, Vb = pa[f"{att}.W_V"], torch.einsum("De,hDd->hed", O, pb[f"{att}.W_V"])  # [h_kv, D, d]; readers: Omega^T W
+            if f"{att}.b_V" in pa:
+                Va, Vb = torch.cat([Va, pa[f"{att}.b_V"][:, None]], 1), torch.cat([Vb, pb[f"{att}.b_V"][:, None]], 1)
+            Vb = Vb[kv]  # [h_kv, D+, d]
+            Oa = pa[f"{att}.W_O"].mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*D, d]
+            Ob = (pb[f"{att}.W_O"][hp] @ O).mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # writers: W Omega
+            B = fit_gl(Va, Vb, Oa, Ob)
         del at_a, at_b
         ha = hidden(arch, pa, layer, acts_a["x_mlp"][layer].to(F64))  # [N, m]
         hb = hidden(arch, pb, layer, acts_b["x_mlp"][layer].to(F64))
