@@ -307,7 +307,8 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     arch = spec.arch
     res = residual_axes(spec, perm)
     lin = Terms(arch.d_model)
-    for k in _only_residual(spec) & res.keys():
+    only = _only_residual(spec)
+    for k in (k for k in res if k in only):  # a fixed order: a set's would vary with the hash seed
         lin.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
     D, L = arch.d_model, arch.n_layers
     # Keep the 3L circuits of both models while they take at most half a model's bytes (GPT-2-small:
