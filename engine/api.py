@@ -62,8 +62,12 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     Every method goes through the aligner registry (engine/align); the record then carries the
-    alignment diagnostics and the endpoint exactness check. `save_merged` writes the model at
-    (1 - alpha) theta_A + alpha g.theta_B in its family's own format into that directory (checked
+    classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
+    diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
+    runs' coordinates (naive_in_aligned_coordinates). `save_merged` writes the model at
+    (1 - alpha) theta_A + alpha g.theta_B into that directory, in the format of the path's models: the
+    family's own, or the reference family when the rewrite for residual rotations left it (the
+    record's merged.format says which; checked
     before anything is loaded: engine.models.io.check_output_dir; `overwrite` allows a non-empty
     directory the tool did not write; alpha outside [0, 1] needs `extrapolate`). `offload` keeps both
     endpoints (and the alignment) on the CPU and only the path model on the device (docs/SCALE.md).
@@ -113,18 +117,65 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
-    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=phases.phase("interpolate", cfg.points),
-                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path)
+    tick = phases.phase("interpolate", cfg.points)
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=tick, offload=offload,
+                       device=device if offload else None, cancel=cancel, path=cfg.path)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
-    extra = {"offload": True} if offload else {}
+    alignment = alignment_record(al)  # before anything below folds the models in place
+    extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out}
+    if offload:
+        extra["offload"] = True
     if save_merged is not None:
         merged = make_path(al.model_a, al.model_b, cfg.path).at(alpha)
         save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
-        extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family}
-    return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment_record(al),
-                       endpoint_check=check, **extra)
+        extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family,
+                           "format": merged_format(a, merged, al.pair.rewrite)}
+    if cfg.method == "naive":  # the same identity element, walked in the aligned runs' coordinates
+        t1 = time.perf_counter()
+        extra |= naive_in_aligned_coordinates(a, b, es, cfg.points, path, progress=tick, offload=offload,
+                                              device=device if offload else None, cancel=cancel, kind=cfg.path)
+        timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
+    return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check,
+                       **extra)
+
+
+def merged_format(a: Model, merged: Model, rewrite: str) -> str:
+    """One phrase naming the format a merged model is saved in, and why when it is not the models' own."""
+    if merged.family == a.family:
+        folded = ", norm gains folded into the readers" if rewrite else ""
+        return f"{a.family} (the models' own format{folded})"
+    why = {"layernorm_to_rmsnorm": f"the residual rotation rewrote {a.family}'s LayerNorm as RMSNorm",
+           "fold_norms": "folding the final norm gain untied the embeddings"}.get(rewrite, "")
+    return (f"{merged.family} family, {merged.arch.norm} (not {a.family}: {why}); load it with this engine "
+            "(engine.models.load_model)")
+
+
+def naive_in_aligned_coordinates(a: Model, b: Model, es, points: int, native: dict, progress=None,
+                                 offload: bool = False, device: str | None = None,
+                                 cancel: CancelToken | None = None, kind: str = "weights") -> dict:
+    """The naive path (the identity element) in the coordinates the default aligned runs interpolate in.
+
+    Aligned runs fold RMSNorm gains into the readers or rewrite LayerNorm as RMSNorm before they
+    interpolate (engine.align.common.prepare_pair), so their path is not the native straight line even
+    for the identity element: the gains interpolate inside the readers. This walks the identity in
+    those coordinates, so a naive barrier and an aligned one compare like for like. Where the default
+    aligned runs rewrite nothing (sinusoidal PE) the coordinates agree and the native curve is reused.
+    `a` and `b` may be folded in place (each keeps computing its function). Returns the record fields
+    folded_rewrite, loss_folded, barrier_folded, midpoint_barrier_folded (+ accuracy_folded,
+    accuracy_drop_folded for ViTs).
+    """
+    from engine.align.common import choose_classes, prepare_pair
+
+    pair = prepare_pair(a, b, choose_classes(a.arch, "weight").classes, in_place=True)
+    path = native if not pair.rewrite else interpolate(pair.model_a, pair.model_b, es, points, progress=progress,
+                                                       offload=offload, device=device, cancel=cancel, path=kind)
+    out = {"folded_rewrite": pair.rewrite, "loss_folded": path["loss"], "barrier_folded": path["barrier"],
+           "midpoint_barrier_folded": path["midpoint_barrier"]}
+    if path["accuracy"] is not None:
+        out |= {"accuracy_folded": path["accuracy"], "accuracy_drop_folded": path["accuracy_drop"]}
+    return out
 
 
 # The default evaluation size of the CLI and of cached records: the first 65,536 tokens (512 windows

@@ -68,13 +68,28 @@ def _progress_bar(desc: str) -> _PhaseBars:
 
 def _print_path_table(rec: dict) -> None:
     acc = rec.get("accuracy")
+    folded = rec.get("loss_folded") if rec.get("folded_rewrite") else None  # naive: the aligned runs' coordinates
     print(f"{rec['method']}, {rec.get('path', 'weights')} path: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
           f"{rec.get('provenance', {}).get('device', '?')})")
-    print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else ""))
+    print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else "") + (f" {'aligned coords':>15}" if folded else ""))
     for i, (t, l) in enumerate(zip(rec["lambdas"], rec["loss"])):
-        print(f"{t:7.2f} {l:9.4f}" + (f" {acc[i]:7.2%}" if acc else ""))
+        print(f"{t:7.2f} {l:9.4f}" + (f" {acc[i]:7.2%}" if acc else "") + (f" {folded[i]:15.4f}" if folded else ""))
     print(f"barrier {rec['barrier']:.4f}  midpoint barrier {rec['midpoint_barrier']:.4f}  "
           f"endpoints {rec['endpoint_loss_a']:.4f} / {rec['endpoint_loss_b']:.4f}")
+    if "barrier_folded" in rec:
+        where = (f"after {rec['folded_rewrite']}, as the aligned runs interpolate" if rec["folded_rewrite"] else
+                 "the same coordinates: the aligned runs rewrite nothing here")
+        print(f"in the aligned runs' coordinates ({where}): barrier {rec['barrier_folded']:.4f}  "
+              f"midpoint barrier {rec['midpoint_barrier_folded']:.4f}")
+
+
+def _print_classes(rec: dict) -> None:
+    """Which symmetry classes the run used and why the others were left out."""
+    if "classes" not in rec:
+        return
+    print(f"classes: {', '.join(rec['classes']) or 'none'}")
+    for kind, why in rec.get("classes_left_out", {}).items():
+        print(f"  left out {kind}: {why}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +219,7 @@ def cmd_interpolate(args) -> None:
     finally:
         bars.close()
     _print_path_table(rec)
+    _print_classes(rec)
     if args.out:
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
@@ -229,6 +245,7 @@ def cmd_align(args) -> None:
     finally:
         bars.close()
     _print_path_table(rec)
+    _print_classes(rec)
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
           f"endpoint check: loss {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})"
@@ -241,6 +258,7 @@ def cmd_align(args) -> None:
               f"{d['stop']}")
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
+        print(f"merged model format: {rec['merged']['format']}")
     if args.out:
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
@@ -264,7 +282,8 @@ def cmd_cache(args) -> None:
 
 
 def cache_table() -> str:
-    """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method.
+    """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method, and
+    the naive barrier also in the aligned runs' coordinates (a "-" for records from before it existed).
 
     A broken record is a "-" cell (and a warning naming its file), never the end of the table.
     """
@@ -272,19 +291,22 @@ def cache_table() -> str:
     from engine.results import cached_record
     from engine.zoo import pairs
 
-    head = "| pair | " + " | ".join(m.display_name for m in METHODS.values()) + " |"
-    rows = [head, "|---" * (len(METHODS) + 1) + "|"]
+    def cell(r: dict | None, suffix: str = "") -> str:
+        if r is None or not isinstance(r.get("barrier" + suffix), (int, float)):
+            return "-"
+        out = f"{r['barrier' + suffix]:.3f} / {r['midpoint_barrier' + suffix]:.3f}"
+        if isinstance(r.get("accuracy_drop" + suffix), (int, float)):
+            out += f" ({100 * r['accuracy_drop' + suffix]:.1f} pt)"
+        return out
+
+    at = list(METHODS).index("naive") + 1  # the naive path after the aligned runs' norm folding / rewrite
+    names = [m.display_name for m in METHODS.values()]
+    names.insert(at, "Naive, aligned runs' coordinates")
+    rows = ["| pair | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for a, b in pairs():
-        cells = []
-        for m in METHODS:
-            r = cached_record(a, b, m)
-            if r is None:
-                cells.append("-")
-                continue
-            cell = f"{r['barrier']:.3f} / {r['midpoint_barrier']:.3f}"
-            if r.get("accuracy_drop") is not None:
-                cell += f" ({100 * r['accuracy_drop']:.1f} pt)"
-            cells.append(cell)
+        recs = {m: cached_record(a, b, m) for m in METHODS}
+        cells = [cell(r) for r in recs.values()]
+        cells.insert(at, cell(recs["naive"], "_folded"))
         rows.append(f"| {a} / {b} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 

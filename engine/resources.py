@@ -11,11 +11,12 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
     path model     1 P b         the one work model every grid point is lerped into
                                  (engine.interpolate; the grid size does not change the peak)
     aligned B      1 P b         g.theta_B as a copy: only where the exactness check needs the original B
-                                 (a sinusoidal model's approximate residual map); otherwise B is moved in
-                                 place (engine.align.run.move_in_place)
-    untied heads   2 V D b       residual_orth on tied embeddings: the norms are folded (or a LayerNorm
-                                 model rewritten) into the models' own tensors, and only the unembedding
-                                 diag(g) E^T is new (engine.align.common.prepare_pair)
+                                 (a sinusoidal model's approximate residual map, when asked for); otherwise
+                                 B is moved in place (engine.align.run.move_in_place)
+    untied heads   2 V D b       residual_orth (the default) on tied embeddings: the norms are folded (or a
+                                 LayerNorm model rewritten) into the models' own tensors, and only the
+                                 unembedding diag(g) E^T is new (engine.align.common.prepare_pair); naive
+                                 runs too, for their second curve in the aligned runs' coordinates
     method scratch
       naive        0
       weight       w (2 P_layer + 4 h (D+1) D + m^2 + 6 L D^2) + 16 m^2 + 32 D^2 + 16 min(P_max, 2^22)
@@ -227,9 +228,14 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     name, b = _itemsize(dtype)
     sa, sb = (model_shape(p) for p in model_dirs)
     parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}
-    if method != "naive" and sa.arch.pe == "sinusoidal":
+    from engine.align.common import choose_classes
+    from engine.spec import approximate_kinds
+
+    # naive runs also walk the path in the default aligned runs' coordinates (engine.api)
+    used = choose_classes(sa.arch, "weight" if method == "naive" else method, tuple(classes)).classes
+    if method != "naive" and used & approximate_kinds(sa.arch):
         parts["aligned B"] = sb.bytes(b)
-    if method != "naive" and "residual_orth" in classes and sa.arch.tied_embeddings:
+    if "residual_orth" in used and sa.arch.tied_embeddings:
         parts["untied heads"] = 2 * sa.arch.n_out * sa.arch.d_model * b
     scratch = method_scratch(sa, method, b)
     if scratch:

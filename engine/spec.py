@@ -143,6 +143,16 @@ def check_arch(arch: Arch) -> None:
     need(not arch.norm_bias or arch.norm == "layernorm", "RMSNorm has no bias")
 
 
+def arch_kinds(arch: Arch) -> tuple[str, ...]:
+    """KINDS with a nontrivial group in this architecture (a spec's `kinds`, from the Arch alone)."""
+    return tuple(k for k in KINDS if k != "mlp_scale" or arch.mlp in ("relu", "swiglu"))
+
+
+def approximate_kinds(arch: Arch) -> frozenset[str]:
+    """Kinds allowed but not exact: residual maps under a fixed sinusoidal PE (P_sin Omega != P_sin)."""
+    return frozenset({"residual_perm", "residual_orth"} if arch.pe == "sinusoidal" else ())
+
+
 # ---------------------------------------------------------------------------------------------
 # Building a spec
 
@@ -267,7 +277,9 @@ def build_spec(arch: Arch, params: Params) -> Spec:
     if unknown:  # a bug in _expected, not a user error, but say it plainly
         raise SpecError(f"The {a.family} spec names undeclared groups {sorted(unknown)}.")
 
-    kinds = tuple(k for k in KINDS if any(k in g.kinds for g in groups.values()))
+    kinds = arch_kinds(a)
+    if set(kinds) != {k for g in groups.values() for k in g.kinds}:  # a bug in the groups above
+        raise SpecError(f"The {a.family} spec's groups do not match its symmetry classes {kinds}.")
     folded = norms_are_folded(arch, params)
     requires: dict[str, str] = {}
     if a.norm == "layernorm":
@@ -275,5 +287,4 @@ def build_spec(arch: Arch, params: Params) -> Spec:
                                      "layernorm_to_rmsnorm first (MATH.md section 3)")
     elif not folded:
         requires["residual_orth"] = "the RMSNorm gains are not folded into the readers: call fold_norms first"
-    approximate = frozenset({"residual_perm", "residual_orth"} if sinus else set())
-    return Spec(arch, groups, specs, kinds, approximate, requires, folded)
+    return Spec(arch, groups, specs, kinds, approximate_kinds(a), requires, folded)

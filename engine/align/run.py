@@ -18,12 +18,13 @@ from engine.align.common import (
     RESIDUAL,
     AlignContext,
     AlignOutput,
+    ClassChoice,
     Pair,
+    choose_classes,
     describe_element,
     matching_costs,
     model_for,
     prepare_pair,
-    resolve_classes,
     storages,
     tick,
 )
@@ -53,6 +54,7 @@ class Aligned:
     moved_params: dict
     seconds: float
     costs_before: dict  # matching_costs of the pair before alignment
+    left_out: dict[str, str]  # every other kind of KINDS -> why the run does not use it (choose_classes)
     in_place: bool = False  # model_b is pair.model_b itself, moved (its original weights are gone)
 
 
@@ -60,7 +62,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
           compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None,
           time_budget_s: float | None = None, learned: Settings | None = None) -> Aligned:
-    """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model).
+    """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model,
+    engine.align.common.choose_classes).
 
     in_place=True writes g.theta_B into B's own tensors (pair.model_b: `b` itself unless the norms were
     rewritten into a twin) instead of a copy, so a run holds no model beyond A, B and the path; the
@@ -75,21 +78,25 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     check_same_architecture(a, b)
     if method not in METHODS:
         raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
-    kinds = frozenset() if method == "naive" else resolve_classes(build_spec(a.arch, canonical(a, copy=False)), classes)
+    build_spec(a.arch, canonical(a, copy=False))  # the architecture has a spec (a clear SpecError otherwise)
+    choice: ClassChoice = choose_classes(a.arch, method, () if method == "naive" else classes)
+    kinds = choice.classes
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned)
     out = METHODS[method].fn(ctx)
     if method == "naive":
-        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before)
+        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before,
+                       choice.left_out)
     if in_place and not kinds & pair.spec.approximate:
         move_in_place(pair, out.g)
-        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before, True)
+        return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before,
+                       choice.left_out, True)
     # strict=False: group membership is judged by its effect, by the exactness guard below
     moved = apply(pair.arch, out.g, pair.params_b, strict=False)
     return Aligned(method, kinds, pair, out, pair.model_a, model_for(pair.model_b, pair.arch, moved), moved, t(),
-                   costs_before)
+                   costs_before, choice.left_out)
 
 
 BIG_PARAM = 1 << 22  # elements: larger parameters move in their own dtype (no float64 transient)
@@ -190,6 +197,7 @@ def alignment_record(al: Aligned) -> dict:
         "method": al.method,
         "display_name": METHODS[al.method].display_name,
         "classes": sorted(al.classes),
+        "classes_left_out": al.left_out,
         "groups": {k: pair.spec.describe(k) for k in sorted(al.classes)},
         "rewrite": pair.rewrite,
         "element": describe_element(pair, g, al.classes),

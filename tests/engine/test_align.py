@@ -165,10 +165,17 @@ def make_case(name: str) -> Model:
 
 
 def planted(a: Model, seed: int = 3):
-    """B = g*(A) for a random g* of every default class (A norm-folded first when g* rotates)."""
+    """B = g*(A) for a random g* of every default class (A norm-folded first when g* rotates).
+
+    The default rotates a LayerNorm model's residual stream after rewriting it as RMSNorm; a rotation
+    planted there would make B a reference-family twin, so B gets a residual permutation in A's own
+    coordinates instead (same family), which the rewrite carries over exactly: centring commutes with
+    permutations and the permuted gains fold into the permuted readers. Returns B, g*, the default classes.
+    """
     kinds = default_classes(build_spec(a.arch, canonical(a)))
-    pair = prepare_pair(a, a, kinds)
-    g = sample(pair.arch, kinds, seed=seed)
+    plant = kinds - {"residual_orth"} | {"residual_perm"} if a.arch.norm == "layernorm" else kinds
+    pair = prepare_pair(a, a, plant)
+    g = sample(pair.arch, plant, seed=seed)
     b = model_for(pair.model_a, pair.arch, apply(pair.arch, g, pair.params_a))
     return b, g, kinds
 

@@ -64,12 +64,13 @@ def test_gpt2_small_estimate_is_its_124m_parameters(tmp_path):
     assert est.total_bytes == sum(est.parts.values())
     e64 = estimate_run([d, d], "naive", eval_items=65_536, dtype="float64")
     assert e64.parts["path model"] == 2 * est.parts["path model"]
-    w = estimate_run([d, d], "weight", eval_items=65_536)
-    assert "aligned B" not in w.parts  # B is moved in place
+    w = estimate_run([d, d], "weight", eval_items=65_536, classes=("heads", "mlp", "qk", "vo", "residual_perm"))
+    assert "aligned B" not in w.parts and "untied heads" not in w.parts  # B is moved in place
     assert 0.5 * est.parts["path model"] < w.parts["weight matching scratch"] < 2 * est.parts["path model"]
-    rw = estimate_run([d, d], "weight", eval_items=65_536, classes=("residual_orth",))  # rewritten in place
+    rw = estimate_run([d, d], "weight", eval_items=65_536)  # the default rotates: rewritten in place
     assert "aligned B" not in rw.parts and rw.parts["untied heads"] == 2 * V * D * 4
     assert rw.total_bytes == w.total_bytes + 2 * V * D * 4
+    assert est.parts["untied heads"] == rw.parts["untied heads"]  # naive's second curve rewrites too
     learned, dual = (estimate_run([d, d], m, eval_items=65_536) for m in ("learned", "dual"))
     assert w.total_bytes < learned.total_bytes < dual.total_bytes
 
