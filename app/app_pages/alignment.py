@@ -93,21 +93,22 @@ def classes_table(rec: dict) -> None:
                     "classes contribute.")
     else:
         st.markdown("**Default classes:** every exact symmetry of this architecture, with the residual stream as a "
-                    "rotation where the norms fold (RMSNorm) and as a permutation otherwise. To measure what one "
-                    "class contributes, rerun with fewer: `python -m engine align A B --method "
+                    "rotation wherever one is exact (RMSNorm gains folded, LayerNorm rewritten as RMSNorm first). "
+                    "To measure what one class contributes, rerun with fewer: `python -m engine align A B --method "
                     f"{rec['method']} --classes heads mlp`.")
     approx = set(rec.get("endpoint_check", {}).get("approximate_classes") or [])
+    left_out = rec.get("classes_left_out") or {}  # the engine's reasons (records before it: unused_reason)
     # A markdown table wraps its long cells, where a dataframe would cut them off.
     lines = ["| | class | group | what it lets the aligner change |", "|---|---|---|---|"]
     for c in sorted(CLASSES, key=lambda c: c not in used):
-        group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else \
-            f"*not used{unused_reason(c, used, rec.get('arch') or {})}*"
+        why = f": {left_out[c]}" if c in left_out else unused_reason(c, used, rec.get("arch") or {})
+        group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else f"*not used{why}*"
         lines.append(f"| {'✓' if c in used else '–'} | `{c}` | {group} | {CLASS_INFO.get(c, '')} |")
     st.markdown("\n".join(lines))
 
 
 def unused_reason(c: str, used: list[str], arch: dict) -> str:
-    """Why a class is missing when the record alone can tell (MATH.md sections 2-3); '' otherwise."""
+    """Why a class is missing, for records without classes_left_out (MATH.md sections 2-3); '' otherwise."""
     if c == "mlp_scale" and arch.get("mlp") and arch["mlp"] not in ("relu", "swiglu"):
         return f": not a symmetry of a {arch['mlp']} MLP"
     if c == "residual_perm" and "residual_orth" in used:

@@ -100,8 +100,8 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     text = "\n".join(m.value for m in at.markdown)
     for c in al["classes"]:
         assert f"`{c}` | {al['groups'][c]}" in text
-    assert "`mlp_scale` | *not used: not a symmetry of a gelu MLP*" in text
-    assert "`residual_perm` | *not used: the rotations contain it*" in text
+    assert f"`mlp_scale` | *not used: {rec['classes_left_out']['mlp_scale']}*" in text  # the engine's reasons
+    assert "`residual_perm` | *not used: contained in residual_orth (every permutation is a rotation)*" in text
     # the sweep history
     sweeps = chart(at, "sweeps_chart")["data"][0]
     assert list(sweeps["y"]) == [s["objective"] for s in al["diagnostics"]["sweeps"]]
