@@ -78,9 +78,9 @@ def choose_classes(arch: Arch, method: str, asked: tuple[str, ...] | list[str] |
     the permutations) after folding RMSNorm gains or rewriting LayerNorm as RMSNorm (prepare_pair),
     which every aligner supports. Where no rewrite is possible the residual stream is permuted instead.
     Under a fixed sinusoidal PE no residual map is exact (MATH.md section 3), and both are left out:
-    measured on the sinusoidal zoo LM pair, rotating or permuting the stream anyway moves B off its own
-    function and gives a higher barrier than leaving the stream alone (bench/RESULTS.md). The naive
-    baseline uses no class.
+    measured on the sinusoidal zoo LM pair, either map lowers the barrier over the chord only because
+    it ruins the moved B (its loss rises 3-4 fold, bench/RESULTS.md), so the path no longer ends at the
+    model B. The naive baseline uses no class.
     """
     kinds, approx = arch_kinds(arch), approximate_kinds(arch)
     absent = {k: _absent(arch, k) for k in KINDS if k not in kinds}
@@ -102,7 +102,7 @@ def choose_classes(arch: Arch, method: str, asked: tuple[str, ...] | list[str] |
     left = dict(absent)
     for k in sorted(approx):
         left[k] = ("not exact: the fixed sinusoidal table is a residual writer that no rotation or permutation "
-                   "preserves; measured, using it anyway gives a higher barrier (bench/RESULTS.md)")
+                   "preserves; on the sinusoidal zoo pair either map raises B's own loss 3-4 fold (bench/RESULTS.md)")
     refused = rewrite_refusal(arch)
     if "residual_orth" not in approx:
         if refused is None:
