@@ -117,9 +117,12 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
-    tick = phases.phase("interpolate", cfg.points)
-    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=tick, offload=offload,
-                       device=device if offload else None, cancel=cancel, path=cfg.path)
+    from engine.progress import naive_paths, relabel
+
+    n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
+    tick = phases.phase("interpolate", n_paths * cfg.points)
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),
+                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
@@ -134,8 +137,10 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
                            "format": merged_format(a, merged, al.pair.rewrite)}
     if cfg.method == "naive":  # the same identity element, walked in the aligned runs' coordinates
         t1 = time.perf_counter()
-        extra |= naive_in_aligned_coordinates(a, b, es, cfg.points, path, progress=tick, offload=offload,
-                                              device=device if offload else None, cancel=cancel, kind=cfg.path)
+        extra |= naive_in_aligned_coordinates(a, b, es, cfg.points, path, offload=offload,
+                                              device=device if offload else None, cancel=cancel, kind=cfg.path,
+                                              progress=relabel(tick, "aligned coordinates, ", cfg.points,
+                                                               n_paths * cfg.points))
         timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
     return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check,
                        **extra)

@@ -95,6 +95,20 @@ def same_arch(a: dict | None, b: dict) -> bool:
     return bool(common) and all(a[k] == b[k] for k in common)
 
 
+def naive_paths(arch) -> int:
+    """Paths a naive run walks: its own, and again in the aligned runs' coordinates when those differ
+    (engine.api.naive_in_aligned_coordinates). `arch`: an Arch or its dict; 1 for a dict it cannot read."""
+    from engine.align.common import choose_classes
+    from engine.models.base import Arch
+
+    if isinstance(arch, dict):
+        try:
+            arch = Arch(**arch)
+        except TypeError:
+            return 1
+    return 2 if "residual_orth" in choose_classes(arch, "weight").classes else 1
+
+
 def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
                      refs: Iterable[dict]) -> dict[str, float | None]:
     """About how long each phase of a run will take, from earlier records `refs` (best first).
@@ -110,7 +124,7 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
         t, n, k = r["timings"], record_items(r), len(r.get("lambdas") or ())
         if n and k and isinstance(t.get("interpolate"), (int, float)):
             per_item_point = t["interpolate"] / (n * k)
-            out["interpolate"] = per_item_point * eval_size * points
+            out["interpolate"] = per_item_point * eval_size * points * (naive_paths(arch) if method == "naive" else 1)
             out["measure B"] = 0.0 if method == "naive" else per_item_point * eval_size
             out["load"] = float(t.get("load", 0.0))
             break

@@ -225,3 +225,21 @@ def test_naive_folded_curve_after_the_layernorm_rewrite_and_none_under_sinusoida
     assert main(["interpolate", a, b, "--points", "3", "--eval-items", "256", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "in the aligned runs' coordinates (the same coordinates" in out and "classes: none" in out
+
+
+def test_a_naive_run_reports_both_paths_as_one_phase_and_its_estimate_counts_both(tmp_path):
+    from engine.progress import estimate_seconds, naive_paths
+
+    a, b = _save_pair(tmp_path, lambda s: build(tiny(pe="rope"), seed=s, dtype=F64))
+    updates = []
+    rec = run_pair(RunConfig(a, b, "naive", points=3, eval_items=256, dtype="float64", device="cpu"),
+                   progress=updates.append)
+    walk = [u for u in updates if u.phase == "interpolate"]
+    assert [u.done for u in walk] == list(range(7)) and {u.total for u in walk} == {6}
+    assert walk[-1].message.startswith("aligned coordinates, lambda = 1.00")
+    rope, sinus = rec["arch"], {**rec["arch"], "pe": "sinusoidal", "rope_layout": None, "rotary_dim": 0}
+    assert naive_paths(rope) == 2 and naive_paths(sinus) == 1 and naive_paths({"d_model": 32}) == 1
+    refs = [rec]
+    one = rec["timings"]["interpolate"] / (256 * 3)  # seconds per token per point of one path
+    assert estimate_seconds("naive", rope, 512, 5, 0, refs)["interpolate"] == pytest.approx(2 * one * 512 * 5)
+    assert estimate_seconds("weight", rope, 512, 5, 0, refs)["interpolate"] == pytest.approx(one * 512 * 5)
