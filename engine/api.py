@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -13,16 +13,120 @@ import torch
 from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
 from engine.data import default_splits, digits_sha256
-from engine.errors import LMCError
+from engine.errors import ArchitectureMismatch, LMCError, ModelError
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import LinearPath, check_same_architecture, interpolate, make_path
 from engine.models import Model, load_model, save_model
+from engine.models.base import Arch
 from engine.models.io import check_output_dir
 from engine.progress import PhaseProgress, Phases
 from engine.results import RunConfig, cache_dir, cached_record, make_record, resolve_device, store, write_manifest
-from engine.zoo import display_name, pairs, resolve
+from engine.zoo import ENTRIES, display_name, pairs, resolve
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+# Families as a reader names them; the task is added for the families that hold both kinds.
+FAMILY_LABELS = {"reference": "reference", "hf_gpt2": "GPT-2", "hf_llama": "Llama", "hf_neox": "GPT-NeoX",
+                 "timm_vit": "ViT"}
+TASK_LABELS = {"lm": "LM", "vit": "ViT"}
+PE_NAMES = {"none": "no positional encoding", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
+
+
+def family_label(family: str, task: str) -> str:
+    """'GPT-2 LM', 'Llama LM', 'GPT-NeoX LM', 'ViT', 'reference LM', 'reference ViT'."""
+    name = FAMILY_LABELS.get(family, family)
+    return name if name == TASK_LABELS.get(task) else f"{name} {TASK_LABELS.get(task, task)}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a model is, read from its config alone (no weights)."""
+
+    name: str  # zoo name, or the directory as given
+    path: Path  # the directory, absolute
+    family: str
+    arch: Arch
+    label: str  # family_label
+
+    def describe(self) -> str:
+        """'GPT-2 LM, 12 layers, D = 768, 12 heads, learned PE'."""
+        a = self.arch
+        return (f"{self.label}, {a.n_layers} layers, D = {a.d_model:,}, {a.n_heads} heads"
+                + (f" ({a.n_kv_heads} KV groups)" if a.n_kv_heads < a.n_heads else "")
+                + f", {PE_NAMES.get(a.pe, a.pe)}")
+
+
+
+def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:
+    """The family and architecture of a zoo model or a model directory, from its config alone.
+
+    Every problem is one sentence that starts with `role` ("Model A", "Model B", "Model") and names the
+    directory by its full path, so the same input gets the same message wherever it is checked.
+    """
+    from engine.models.io import read_config
+    from engine.resources import model_shape
+
+    s = str(name_or_path).strip()
+    if not s:
+        raise ModelError(f"{role}: no model given; enter a zoo name or a model directory.")
+    if s in ENTRIES:
+        try:
+            path = resolve(s)
+        except ModelError as e:
+            raise ModelError(f"{role}: {e}") from None
+    else:
+        path = Path(s).expanduser().absolute()
+        if not path.exists():
+            raise ModelError(f"{role} {path} is neither a zoo model nor an existing directory.")
+        if not path.is_dir():
+            raise ModelError(f"{role} {path} is neither a zoo model nor a model directory: it is a file.")
+        if not any(path.iterdir()):
+            raise ModelError(f"{role} directory {path} is empty: a model directory holds config.json and "
+                             "the weights.")
+        if not (path / "config.json").exists():
+            raise ModelError(f"{role} directory {path} has no config.json, so its family cannot be told.")
+    try:
+        read_config(path)
+        shape = model_shape(path)
+    except LMCError as e:
+        raise ModelError(f"{role} directory {path} cannot be used: {_lower_first(str(e))}") from None
+    return ModelInfo(s, path.absolute(), shape.family, shape.arch, family_label(shape.family, shape.arch.task))
+
+
+def _lower_first(msg: str) -> str:
+    return msg[:1].lower() + msg[1:] if msg[:2] != msg[:2].upper() else msg
+
+
+def check_pair(model_a: str | Path, model_b: str | Path) -> tuple[ModelInfo, ModelInfo]:
+    """Refuse, from the configs and before any weight is loaded, a pair that cannot be interpolated.
+
+    One message per cause: a model that cannot be read (model_info), two families ("model A is a
+    GPT-2 LM, model B a ViT"), or one family in two shapes (the first field that differs).
+    """
+    a, b = model_info(model_a, "Model A"), model_info(model_b, "Model B")
+    if a.label != b.label:
+        raise ArchitectureMismatch(
+            f"Model A is a {a.label} and model B a {b.label}: only two models of the same kind (family and "
+            f"task) can be interpolated (A: {a.path}, B: {b.path}).")
+    diff = a.arch.mismatch(b.arch)
+    if diff is not None:
+        raise ArchitectureMismatch(
+            f"Models A and B are both {a.label}s but of different shapes ({diff}), so their weights cannot "
+            f"be interpolated (A: {a.path}, B: {b.path}).")
+    return a, b
+
+
+def describe_pair(model_a: str, model_b: str) -> str:
+    """What a pair is, in a sentence: zoo pairs are one recipe trained from two seeds; any other pair
+    is described by what its configs say (check_pair must accept it)."""
+    a, b = check_pair(model_a, model_b)
+    if model_a in ENTRIES and model_b in ENTRIES:
+        return (f"{a.describe()}; the same recipe trained from seeds {ENTRIES[model_a].seed} and "
+                f"{ENTRIES[model_b].seed} (initialisation and data order).")
+    if a.path == b.path:
+        return f"{a.describe()}; A and B are the same directory, so the path is flat by construction."
+    return f"Two {a.label}s of the same shape: {a.describe()}."
 
 
 def load_named(name_or_path: str, dtype: str = "float32", device: str = "cpu") -> Model:
@@ -84,7 +188,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     if cfg.method not in METHODS:
         raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
     device = resolve_device(cfg.device)
-    path_a, path_b = resolve(cfg.model_a), resolve(cfg.model_b)
+    info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
+    path_a, path_b = info_a.path, info_b.path
     if save_merged is not None:
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import downloads, sidebar
+from app import downloads, messages, sidebar
 from app.figures import alignment as alignment_figs
 from app.figures import style
 from engine import zoo
@@ -69,7 +69,7 @@ def pick_record(sel: sidebar.Selection) -> dict | None:
     try:
         rec_cached = cached(sel)
     except LMCError as e:
-        st.error(str(e))
+        messages.error(e)
         rec_cached = None
     rec_live = live(sel)
     if rec_cached and rec_live:
@@ -250,17 +250,18 @@ st.caption("The group element g that moves model B onto model A before the two a
 sel = sidebar.selection()
 names = sidebar.methods()
 st.subheader(sel.title)
-if sel.model_a and sel.model_b:
+description = messages.check_pair(sel)  # the same message for the same problem as on every page
+if description:
     st.caption(f"Model A `{zoo.display_name(sel.model_a)}`, model B `{zoo.display_name(sel.model_b)}`, "
-               f"{names.get(sel.method, sel.method)}.")
-rec = pick_record(sel)
-if rec is None:
+               f"{names.get(sel.method, sel.method)}: {description}")
+rec = pick_record(sel) if description else None
+if description and rec is None:
     st.info(f"No record of {names.get(sel.method, sel.method)} for this pair: press **Run** on the Connectivity "
             "page (its result appears here), or precompute it with `python -m engine cache build --methods "
             f"{sel.method}`.")
-elif not rec.get("alignment"):
+elif rec is not None and not rec.get("alignment"):
     st.warning("This record has no alignment field: it was written before the aligners recorded their element.")
-else:
+elif rec is not None:
     colour = style.method_colour(rec["method"])
     summary(rec)
     classes_table(rec)

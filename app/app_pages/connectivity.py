@@ -14,7 +14,7 @@ import warnings
 
 import streamlit as st
 
-from app import downloads, exports, live_run, sidebar
+from app import downloads, exports, live_run, messages, sidebar
 from app.figures import path as path_figs
 from app.figures import style
 from engine import zoo
@@ -106,15 +106,14 @@ def live_panel() -> None:
         unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
         st.caption(f"{names.get(cfg.method, cfg.method)}: `{zoo.display_name(cfg.model_a)}` / "
                    f"`{zoo.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
-        for _, fraction, text in live_run.phase_rows(snap):
-            st.progress(fraction, text=text)
+        if snap.state != "failed":  # a failed run's bars would stand still forever: the error says it all
+            for _, fraction, text in live_run.phase_rows(snap):
+                st.progress(fraction, text=text)
     if not snap.finished:
         st.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
                   icon=":material/stop_circle:", help="End the run within one layer, step or batch; nothing is kept.")
     elif snap.state == "stopped":
         st.warning(snap.message)
-    elif snap.state == "failed":
-        st.error(snap.message)
 
 
 def export_section(cached: list[dict], live: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
@@ -171,19 +170,22 @@ st.caption(
 
 sel = sidebar.selection()
 st.subheader(sel.title)
-if sel.model_a and sel.model_b:
+description = messages.check_pair(sel)  # from the configs: a pair that cannot work is refused here
+if description:
     st.caption(f"Model A `{zoo.display_name(sel.model_a)}`, model B `{zoo.display_name(sel.model_b)}`: "
-               "same architecture, different random seeds for initialisation and data order.")
+               f"{description}")
 names = sidebar.methods()
 live_runs = st.session_state.setdefault("live_runs", {})  # (model_a, model_b) -> {method: record}
 run = live_run.current(st.session_state)
 collect(run, live_runs)
+if run is not None and run.snapshot().state == "failed":  # full width, not in the run panel's column
+    messages.error(run.snapshot().message)
 charts = downloads.Charts("Connectivity")
 
 try:
     cached = load_cached(sel)
 except LMCError as e:
-    st.error(str(e))
+    messages.error(e)
     cached = []
 
 if cached:
@@ -196,18 +198,16 @@ with right, st.container(border=True):
     st.markdown("**Recompute live**")
     eval_items = eval_items_picker(sel)
     cfg = None
-    if sel.model_a and sel.model_b:
+    if description:
         try:
             cfg = RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items)
         except LMCError as e:
-            st.error(str(e))
+            messages.error(e)
     ready = cfg is not None
     estimates = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else {}
     clicked = st.button("Run", key="run", type="primary", disabled=not ready, width="stretch",
                         help=f"Interpolate with {names.get(sel.method, sel.method)} on the chosen subset; "
                              "a run still going is stopped first.")
-    if not (sel.model_a and sel.model_b):
-        st.caption("Enter both model directories in the sidebar.")
     if clicked:
         run = live_run.start(st.session_state, cfg, estimates)
     if ready and (run is None or not run.running):

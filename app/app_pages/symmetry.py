@@ -15,7 +15,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from app import downloads, sidebar
+from app import downloads, messages, sidebar
 from app.figures import style
 from app.figures import symmetry as symmetry_figs
 from engine import zoo
@@ -134,11 +134,13 @@ def _pick(source: str) -> tuple[str, bool, int] | None:
 
 def run(target: str, dims_only: bool, stamp: int) -> dict | None:
     """The cached engine call; full checks show a status box (seconds to tens of seconds on a busy CPU)."""
+    if target not in PRESETS and messages.check_model(target) is None:  # the message every page gives
+        return None
     if dims_only:
         try:
             return diagnose(target, True, stamp)
         except LMCError as e:
-            st.error(str(e))
+            messages.error(e)
             return None
     error = None
     with st.status("Checking every symmetry in float64…", expanded=False) as status:
@@ -152,7 +154,7 @@ def run(target: str, dims_only: bool, stamp: int) -> dict | None:
             status.update(label=f"{len(rep['checks'])} invariance checks, {len(rep['breaks'])} break tests",
                           state="complete")
     if error:
-        st.error(error)
+        messages.error(error)
         return None
     return out
 

@@ -113,17 +113,15 @@ def test_live_run_with_the_picked_method_is_drawn_beside_the_cached_curves(tiny_
     assert drawn[f"{names['weight']}, live (1,024 tokens)"] == pytest.approx(live["loss"], abs=0)
 
 
-def test_run_on_an_unbuilt_zoo_shows_the_engines_sentence(monkeypatch, tmp_path):
+def test_an_unbuilt_zoo_is_refused_before_any_run(monkeypatch, tmp_path):
     monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
     at = page()
-    assert "Nothing is cached" in at.info[0].value
-    assert "zoo is not built" in at.info[-1].value
-    at.select_slider(key="eval_items_lm").set_value(1024).run()
-    finish(at.button(key="run").click().run())
     assert not at.exception
-    assert "is not built yet" in at.error[0].value
-    assert at.status[0].label == "Run failed"
+    a = zoo.pairs()[0][0]
+    assert at.error[0].value == f"Model A: Zoo model {a} is not built yet; run `python -m engine zoo build --only {a}`."
+    assert at.button(key="run").disabled and not at.status  # nothing started, no stale progress
+    assert "zoo is not built" in at.info[-1].value
     assert not at.get("plotly_chart")
 
 
@@ -132,16 +130,17 @@ def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
     at = page()
     at.selectbox(key="pair").select("custom").run()
     assert at.button(key="run").disabled  # nothing to run before both directories are given
+    assert "Enter the directories" in at.info[0].value and not at.error
     at.text_input(key="model_a_dir").input("/nonexistent/model").run()
     at.text_input(key="model_b_dir").input(str(zoo_dir / "lm-rope-s1")).run()
-    finish(at.button(key="run").click().run())
-    assert not at.exception
-    assert "/nonexistent/model is neither a zoo model" in at.error[0].value
+    assert not at.exception and at.button(key="run").disabled
+    assert at.error[0].value == "Model A /nonexistent/model is neither a zoo model nor an existing directory."
     at.text_input(key="model_a_dir").input(str(zoo_dir / "vit-learned-s0")).run()
-    finish(at.button(key="run").click().run())
-    assert not at.exception
-    assert "differ" in at.error[0].value  # a ViT and an LM cannot be interpolated
+    assert not at.exception and at.button(key="run").disabled
+    assert at.error[0].value.startswith("Model A is a reference ViT and model B a reference LM:")
+    assert str(zoo_dir / "vit-learned-s0") in at.error[0].value  # named by its full path
     at.text_input(key="model_a_dir").input(str(zoo_dir / "lm-rope-s0")).run()
+    assert any("Two reference LMs of the same shape" in c.value for c in at.caption)  # not "different seeds"
     at.select_slider(key="eval_items_custom").set_value(256).run()
     finish(at.button(key="run").click().run())
     assert not at.exception and not at.error
