@@ -132,28 +132,26 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
             charts.download_button(key="export_figures")
 
 
-def show_metrics(recs: list[dict], names: dict[str, str]) -> None:
-    """A column per cached method (its chart colour beside the name), aligned ones against naive;
-    the endpoints once below: alignment moves B to an equivalent model, so all methods share them."""
-    base = next((r for r in recs if r["method"] == "naive"), None)
-    unit = style.loss_unit(recs[0])
-    for col, rec in zip(st.columns(max(len(recs), 4)), recs):
-        with col:
-            dot = f'<span style="color:{style.method_colour(rec["method"])}">●</span>'
-            st.markdown(f"{dot} **{names.get(rec['method'], rec['method'])}** · {rec.get('path', 'weights')} path", unsafe_allow_html=True)
-            delta = None if base is None or rec is base else f"{rec['barrier'] - base['barrier']:+.4f} vs naive"
-            st.metric("Barrier", f"{rec['barrier']:.4f}", delta, delta_color="inverse",
-                      help=f"Largest rise of the loss above the chord between the endpoint losses, in {unit}.")
-            st.metric("Midpoint barrier", f"{rec['midpoint_barrier']:.4f}",
-                      help=f"Loss minus chord at λ = 0.5, in {unit}.")
-            if rec.get("accuracy"):
-                st.metric("Accuracy drop", f"{100 * rec['accuracy_drop']:.1f} pt",
-                          help="Largest fall of test accuracy below the chord between the endpoint accuracies.")
-    r = base or recs[0]
+def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -> None:
+    """The numbers, once, under the chart: one narrow row per curve, the endpoints in a caption."""
+    rows = path_figs.summary_rows(cached, live, names)
+    unit = style.loss_unit((cached or live)[0])
+    fmt = st.column_config.NumberColumn
+    st.dataframe(rows, hide_index=True, key="summary_table", width="stretch", column_config={
+        "curve": st.column_config.TextColumn("curve", width="medium"),
+        "barrier": fmt("barrier", format="%.4f", help=f"Largest rise of the loss above the chord, in {unit}."),
+        "vs naive": fmt("vs naive", format="%+.4f", help="Barrier minus the naive barrier on the same evaluation."),
+        "midpoint": fmt("midpoint", format="%.4f", help=f"Loss minus chord at λ = 0.5, in {unit}."),
+        "accuracy drop (pt)": fmt("acc. drop", format="%.1f",
+                                  help="Largest fall of test accuracy below the chord, in percentage points."),
+        "path": st.column_config.TextColumn("path", help="What was interpolated: the weights, or each head's "
+                                                         "circuits."),
+    })
+    r = next((x for x in cached if x["method"] == "naive"), (cached or live)[0])
     ends = f"Barriers in {unit}. Endpoint test loss: A {r['endpoint_loss_a']:.4f}, B {r['endpoint_loss_b']:.4f}"
     if r.get("accuracy"):
         ends += f"; accuracy: A {100 * r['accuracy'][0]:.1f} %, B {100 * r['accuracy'][-1]:.1f} %"
-    st.caption(ends + ".")
+    st.caption(ends + ". Aligning moves B to an equivalent model, so every method shares these endpoints.")
 
 
 def eval_caption(recs: list[dict]) -> str:
@@ -188,9 +186,7 @@ except LMCError as e:
     messages.error(e)
     cached = []
 
-if cached:
-    show_metrics(cached, names)
-elif not sel.custom:
+if not cached and description and not sel.custom:
     st.info("Nothing is cached for this pair yet: press **Run** to compute the path live.")
 
 left, right = st.columns([3, 1], gap="large")
@@ -216,18 +212,20 @@ with right, st.container(border=True):
                    "once it starts.")
     st.fragment(live_panel, run_every=live_run.POLL_S if run is not None and run.running else None)()
     live = list(live_runs.get((sel.model_a, sel.model_b), {}).values())
-    for rec in live:
-        st.markdown(f"{path_figs.curve_name(rec, names, live=True)}: barrier **{rec['barrier']:.4f}**, "
-                    f"midpoint {rec['midpoint_barrier']:.4f} {style.loss_unit(rec)}")
 
 with left:
     if cached or live:
-        charts.show(path_figs.barrier_figure(cached, live, "Loss along the linear path", names), key="barrier_chart")
+        log_y = st.session_state.get("log_y", False)
+        charts.show(path_figs.barrier_figure(cached, live, "Loss along the linear path", names, highlight=sel.method,
+                                             log_y=log_y), key="barrier_chart")
+        st.toggle("Log scale", key="log_y", help="Loss on a log axis: a high barrier leaves the endpoints readable.")
+        summary_table(cached, live, names)
         if any(r.get("accuracy") for r in cached + live):
-            charts.show(path_figs.accuracy_figure(cached, live, "Accuracy along the linear path", names),
-                        key="accuracy_chart")
+            charts.show(path_figs.accuracy_figure(cached, live, "Accuracy along the linear path", names,
+                                                  highlight=sel.method), key="accuracy_chart")
         if cached:
-            st.caption(eval_caption(cached))
+            st.caption(eval_caption(cached) + " The sidebar's method is drawn thick; the records hold the test "
+                       "split only.")
         export_section(cached, live, names, charts)
 
 st.subheader("The model zoo")

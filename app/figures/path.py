@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.style import loss_unit, method_colour
+from app.figures.style import CHORD_DASH, loss_unit, method_colour, method_dash
 
 LAMBDA_AXIS = "λ  (0 = model A, 1 = model B)"
 LAMBDA_TICKS = [0, 0.25, 0.5, 0.75, 1]
@@ -47,66 +47,124 @@ def _group(record: dict, live: bool) -> str:
     return f"{record['method']}-live" if live else record["method"]
 
 
-def _curve_traces(record: dict, y: list[float], name: str, value_fmt: str, live: bool) -> list[go.Scatter]:
-    """The path curve and its dashed chord under one legend entry; live runs are dotted with open markers."""
+KEY_GROUP = "key"  # the legend entries that explain the chord and the barrier bar, not curves of their own
+KEY_COLOUR = "#555555"
+DIM_OPACITY = 0.45  # methods other than the highlighted one recede
+
+
+def _style(record: dict, live: bool, highlight: str | None) -> tuple[float, float]:
+    """(line width, opacity): the sidebar's method stands out, the others stay readable behind it."""
+    if highlight is None:
+        return (2.0 if live else 3.0), 1.0
+    on = record["method"] == highlight
+    return (4.0 if on else 1.5), (1.0 if on else DIM_OPACITY)
+
+
+def _curve_traces(record: dict, y: list[float], name: str, value_fmt: str, live: bool,
+                  highlight: str | None = None) -> list[go.Scatter]:
+    """The path curve and its thin dashed chord under one legend entry. Each method has its own dash
+    pattern as well as its colour (style.method_dash); live runs carry open markers."""
     colour = method_colour(record["method"])
+    width, opacity = _style(record, live, highlight)
     lam = record["lambdas"]
     above = [v - c for v, c in zip(y, chord(lam, y))]
     curve = go.Scatter(
-        x=lam, y=y, name=name, legendgroup=_group(record, live), mode="lines+markers",
-        line={"color": colour, "width": 2 if live else 3, "dash": "dot" if live else "solid"},
-        marker={"size": 6, "symbol": "circle-open" if live else "circle", "color": colour},
+        x=lam, y=y, name=name, legendgroup=_group(record, live), mode="lines+markers", opacity=opacity,
+        line={"color": colour, "width": width, "dash": method_dash(record["method"])},
+        marker={"size": 7 if live else 6, "symbol": "circle-open" if live else "circle", "color": colour},
         customdata=above,
         hovertemplate=f"{value_fmt}, %{{customdata:+.4f}} vs chord<extra>{name}</extra>",
     )
     line = go.Scatter(
         x=[lam[0], lam[-1]], y=[y[0], y[-1]], name=f"{name}: chord", legendgroup=_group(record, live),
-        showlegend=False, mode="lines", line={"color": colour, "width": 1.5, "dash": "dash"}, opacity=0.7,
-        hoverinfo="skip",
+        showlegend=False, mode="lines", line={"color": colour, "width": 1, "dash": CHORD_DASH},
+        opacity=0.8 * opacity, hoverinfo="skip",
     )
     return [curve, line]
 
 
+def _legend_key(fig: go.Figure, barrier: bool) -> None:
+    """Legend entries for what every curve carries: the chord, and (loss chart) the barrier bar."""
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="chord between the endpoints",
+                             legendgroup=KEY_GROUP, line={"color": KEY_COLOUR, "width": 1, "dash": CHORD_DASH},
+                             hoverinfo="skip"))
+    if barrier:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="barrier: largest rise above the chord",
+                                 legendgroup=KEY_GROUP, hoverinfo="skip",
+                                 marker={"symbol": "line-ns", "size": 14, "line": {"width": 4, "color": KEY_COLOUR}}))
+
+
 def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: str = "",
-                   method_names: dict[str, str] | None = None) -> go.Figure:
-    """Loss vs λ per record: curve, dashed chord between the endpoints, the barrier as a vertical bar.
+                   method_names: dict[str, str] | None = None, highlight: str | None = None,
+                   log_y: bool = False) -> go.Figure:
+    """Loss vs λ per record: curve, thin dashed chord between the endpoints, the barrier as a vertical bar.
 
     The bar spans chord -> curve at the grid point of largest excess, so its length is the record's
-    `barrier` field.
+    `barrier` field. `highlight` (a method) is drawn thick and opaque, the others lighter; `log_y`
+    puts the loss on a log axis (a barrier far above the endpoints then leaves them readable).
     """
     fig = go.Figure()
     every = [(r, False) for r in records] + [(r, True) for r in live]
     unit = loss_unit(every[0][0]) if every else "nats"
     for k, (r, is_live) in enumerate(every):
         name = curve_name(r, method_names, is_live)
-        fig.add_traces(_curve_traces(r, list(r["loss"]), name, f"loss %{{y:.4f}} {unit}", is_live))
+        fig.add_traces(_curve_traces(r, list(r["loss"]), name, f"loss %{{y:.4f}} {unit}", is_live, highlight))
         lam_b, loss_b, chord_b = barrier_point(r)
         colour = method_colour(r["method"])
+        width, opacity = _style(r, is_live, highlight)
         # Methods share their endpoints, so their chords coincide and bars at the same λ would hide
         # each other: later bars are nudged right by a hair (the hover still gives the exact λ).
         x_bar = lam_b + BAR_DODGE * k
         fig.add_trace(go.Scatter(
             x=[x_bar, x_bar], y=[chord_b, loss_b], name=f"{name}: barrier", legendgroup=_group(r, is_live),
-            showlegend=False, mode="lines+markers", line={"color": colour, "width": 4},
+            showlegend=False, mode="lines+markers", line={"color": colour, "width": width + 1}, opacity=opacity,
             marker={"symbol": "line-ew", "size": 14, "line": {"width": 2, "color": colour}},
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
-    fig.update_layout(yaxis={"title": {"text": f"Test loss ({unit})"}},
-                      **_common_layout(title))
+    if every:
+        _legend_key(fig, barrier=True)
+    yaxis = {"title": {"text": f"Test loss ({unit}{', log scale' if log_y else ''})"}}
+    if log_y:
+        yaxis |= {"type": "log"}
+    fig.update_layout(yaxis=yaxis, **_common_layout(title))
     return fig
 
 
 def accuracy_figure(records: Sequence[dict], live: Sequence[dict] = (), title: str = "",
-                    method_names: dict[str, str] | None = None) -> go.Figure:
+                    method_names: dict[str, str] | None = None, highlight: str | None = None) -> go.Figure:
     """Accuracy (%) vs λ for classifier records with the dashed chord; records without accuracy are skipped."""
     fig = go.Figure()
     every = [(r, False) for r in records if r.get("accuracy")] + [(r, True) for r in live if r.get("accuracy")]
     for r, is_live in every:
         name = curve_name(r, method_names, is_live)
         acc = [100 * a for a in r["accuracy"]]
-        fig.add_traces(_curve_traces(r, acc, name, "accuracy %{y:.1f} %", is_live))
+        fig.add_traces(_curve_traces(r, acc, name, "accuracy %{y:.1f} %", is_live, highlight))
+    if every:
+        _legend_key(fig, barrier=False)
     fig.update_layout(yaxis={"title": {"text": "Test accuracy (%)"}, "ticksuffix": " %"}, **_common_layout(title))
     return fig
+
+
+def summary_rows(records: Sequence[dict], live: Sequence[dict] = (),
+                 method_names: dict[str, str] | None = None) -> list[dict]:
+    """One row per curve for the table under the chart: barrier, its change against naive (cached
+    naive for cached rows, the live naive run of the same evaluation for live ones), the midpoint
+    barrier and, for classifiers, the accuracy drop."""
+    rows = []
+    for recs, is_live in ((records, False), (live, True)):
+        base = {r.get("eval_set"): r for r in recs if r["method"] == "naive"}
+        for r in recs:
+            b = base.get(r.get("eval_set"))
+            row = {"curve": curve_name(r, method_names, is_live), "barrier": r["barrier"],
+                   "vs naive": None if b is None or b is r else r["barrier"] - b["barrier"],
+                   "midpoint": r["midpoint_barrier"]}
+            if any(x.get("accuracy") for x in (*records, *live)):
+                acc = r.get("accuracy_drop")
+                row["accuracy drop (pt)"] = None if acc is None else 100 * acc
+            if any(x.get("path", "weights") != "weights" for x in (*records, *live)):
+                row["path"] = r.get("path", "weights")  # circuit paths beside weight paths
+            rows.append(row)
+    return rows
 
 
 def _common_layout(title: str) -> dict:

@@ -17,6 +17,24 @@ METHOD_COLOURS = {
 _SPARE = ("#72B7B2", "#EECA3B", "#9D755D", "#FF9DA6", "#BAB0AC")
 
 
+# And one dash pattern per method, so curves stay apart without colour (print, colour blindness):
+# learned and dual, close in value, are a dotted and a dash-dot-dot line. The thin chord is dashed.
+METHOD_DASHES = {
+    "naive": "solid",
+    "weight": "dashdot",
+    "activation": "longdash",
+    "learned": "dot",
+    "dual": "12px,3px,3px,3px,3px,3px",
+}
+_SPARE_DASHES = ("longdashdot", "8px,4px", "2px,6px")
+CHORD_DASH = "dash"
+
+
+def method_dash(method: str) -> str:
+    """Fixed dash pattern for a method; unknown ones get a stable spare."""
+    return METHOD_DASHES.get(method) or _SPARE_DASHES[zlib.crc32(method.encode()) % len(_SPARE_DASHES)]
+
+
 def method_colour(method: str) -> str:
     """Fixed colour for a method; unknown ones get a stable spare (crc32, since hash() is salted per process)."""
     return METHOD_COLOURS.get(method) or _SPARE[zlib.crc32(method.encode()) % len(_SPARE)]

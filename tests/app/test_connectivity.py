@@ -23,8 +23,15 @@ TIMEOUT = 60  # generous: the first run imports torch, and the machine's cores m
 
 
 def curves(fig: dict) -> dict[str, list[float]]:
-    """Legend name -> y values of the path curves (chords and barrier bars carry no legend entry)."""
-    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True)}
+    """Legend name -> y values of the path curves (chords and barrier bars carry no legend entry; the
+    legend's key to chord and barrier is no curve)."""
+    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True) and t.get("legendgroup") != "key"}
+
+
+def summary(at: AppTest) -> dict[str, dict]:
+    """The table under the chart, by curve name."""
+    df = at.dataframe[0].value
+    return {row["curve"]: row for row in df.to_dict("records")}
 
 
 def key(pair) -> str:
@@ -55,10 +62,23 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     assert got == {names["naive"]: pytest.approx(naive["loss"], abs=0),
                    names["weight"]: pytest.approx(weight["loss"], abs=0)}
     assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/byte)"
-    barriers = [m.value for m in at.metric if m.label == "Barrier"]
-    assert barriers == [f"{naive['barrier']:.4f}", f"{weight['barrier']:.4f}"]
-    midpoints = [m.value for m in at.metric if m.label == "Midpoint barrier"]
-    assert midpoints == [f"{naive['midpoint_barrier']:.4f}", f"{weight['midpoint_barrier']:.4f}"]
+    assert not at.metric  # the chart comes first; the numbers are one table under it
+    rows = summary(at)
+    assert list(rows) == [names["naive"], names["weight"]]
+    assert [rows[n]["barrier"] for n in rows] == [naive["barrier"], weight["barrier"]]
+    assert [rows[n]["midpoint"] for n in rows] == [naive["midpoint_barrier"], weight["midpoint_barrier"]]
+    assert rows[names["weight"]]["vs naive"] == pytest.approx(weight["barrier"] - naive["barrier"], abs=1e-15)
+    assert "accuracy drop (pt)" not in rows[names["naive"]]  # an LM has no accuracy
+    # the sidebar's method is highlighted: thick and opaque, the other curves lighter
+    widths = {t["name"]: (t["line"]["width"], t.get("opacity", 1)) for t in chart(at, "barrier_chart")["data"]
+              if t["name"] in rows}
+    assert at.selectbox(key="method").value == "naive" and widths[names["naive"]] == (4, 1)
+    assert widths[names["weight"]][0] < 4 and widths[names["weight"]][1] < 1
+    at.selectbox(key="method").select("weight").run()
+    widths = {t["name"]: t["line"]["width"] for t in chart(at, "barrier_chart")["data"] if t["name"] in rows}
+    assert widths[names["weight"]] == 4 and widths[names["naive"]] < 4
+    at.toggle(key="log_y").set_value(True).run()
+    assert chart(at, "barrier_chart")["layout"]["yaxis"]["type"] == "log"
     assert any(naive["eval_set"] in c.value for c in at.caption)
     assert len(at.get("plotly_chart")) == 1  # an LM has no accuracy panel
 
@@ -73,7 +93,7 @@ def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
     acc = curves(chart(at, "accuracy_chart"))[NAIVE]
     assert acc == pytest.approx([100 * a for a in rec["accuracy"]])
     assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/image)"
-    assert any(m.label == "Accuracy drop" for m in at.metric)
+    assert summary(at)[NAIVE]["accuracy drop (pt)"] == pytest.approx(100 * rec["accuracy_drop"], abs=1e-12)
     assert at.select_slider(key="eval_items_vit").value is None  # ViT default: the whole test split
 
 
@@ -157,13 +177,13 @@ def test_a_corrupt_cached_record_is_skipped_with_a_warning(tiny_env, monkeypatch
     assert not at.exception and not at.error
     assert "is not valid JSON" in at.warning[0].value and "__naive.json" in at.warning[0].value
     weight = cached_record(*CACHED_PAIRS[0], "weight", broken)  # the pair's other method still shows
-    assert [m.value for m in at.metric if m.label == "Barrier"] == [f"{weight['barrier']:.4f}"]
+    assert [r["barrier"] for r in summary(at).values()] == [weight["barrier"]]
     assert at.button(key="run")  # the page still offers a live run
 
 
 def test_zoo_table_lists_the_manifest(tiny_env):
     at = page()
-    names = list(at.dataframe[0].value["name"])
+    names = list(at.dataframe[-1].value["name"])
     assert names == [r["name"] for r in zoo.manifest()] and "lm-none-s0" in names
 
 
@@ -178,11 +198,11 @@ def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
     assert not at.exception
     fig = chart(at, "barrier_chart")
     methods = sorted(r["method"] for r in list_cached(CACHE) if (r["model_a"], r["model_b"]) == pair)
-    drawn = {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True)}
+    drawn = curves(fig)
     assert len(drawn) == len(methods)
     for m in methods:
         rec = cached_record(*pair, m, CACHE)
         assert pytest.approx(rec["loss"], abs=0) in drawn.values()
-        assert f"{rec['barrier']:.4f}" in [x.value for x in at.metric if x.label == "Barrier"]
+        assert rec["barrier"] in [r["barrier"] for r in summary(at).values()]
     unit = style.loss_unit(cached_record(*pair, methods[0], CACHE))
     assert fig["layout"]["yaxis"]["title"]["text"] == f"Test loss ({unit})"

@@ -34,7 +34,7 @@ def vit_record(method="naive"):
 def traces(fig, suffix=None):
     """Traces by role: curves carry the legend; chords and barrier bars are named '<curve>: chord|barrier'."""
     if suffix is None:
-        return [t for t in fig.data if t.showlegend is not False]
+        return [t for t in fig.data if t.showlegend is not False and t.legendgroup != path_figs.KEY_GROUP]
     return [t for t in fig.data if t.name.endswith(f": {suffix}")]
 
 
@@ -45,7 +45,10 @@ def test_barrier_curve_is_the_record():
     assert list(curve.x) == rec["lambdas"] and list(curve.y) == rec["loss"]
     (chord,) = traces(fig, "chord")
     assert list(chord.x) == [0.0, 1.0] and list(chord.y) == [rec["loss"][0], rec["loss"][-1]]
-    assert chord.line.dash == "dash"
+    assert chord.line.dash == style.CHORD_DASH and chord.line.width < curve.line.width
+    # the legend explains the chord and the barrier bar once, whatever the number of curves
+    assert [t.name for t in fig.data if t.legendgroup == path_figs.KEY_GROUP] == \
+        ["chord between the endpoints", "barrier: largest rise above the chord"]
     # the barrier bar stands at the worst grid point and is exactly `barrier` long
     (bar,) = traces(fig, "barrier")
     assert list(bar.x) == [0.5, 0.5]
@@ -87,9 +90,34 @@ def test_live_run_is_drawn_beside_cached_and_told_apart():
     live["eval_tokens"] = 1024
     fig = path_figs.barrier_figure([cached], [live])
     c, v = traces(fig)
-    assert list(v.y) == live["loss"] and v.line.dash == "dot" and c.line.dash == "solid"
+    assert list(v.y) == live["loss"] and v.marker.symbol == "circle-open" and c.marker.symbol == "circle"
     assert v.name == "naive, live (1,024 tokens)"
     assert c.line.color == v.line.color  # same method, same colour
+
+
+def test_methods_differ_by_dash_as_well_as_colour_and_the_chosen_one_stands_out():
+    methods = list(style.METHOD_COLOURS)
+    recs = [lm_record(m) for m in methods]
+    fig = path_figs.barrier_figure(recs, highlight="learned", log_y=True)
+    dashes = [c.line.dash for c in traces(fig)]
+    assert len(set(dashes)) == len(methods)  # learned and dual included: no two share a pattern
+    assert style.CHORD_DASH not in dashes  # and none looks like a chord
+    on = {c.name: (c.line.width, c.opacity) for c in traces(fig)}
+    assert on["learned"] == (4.0, 1.0)
+    assert all(w < 4.0 and o == path_figs.DIM_OPACITY for n, (w, o) in on.items() if n != "learned")
+    assert fig.layout.yaxis.type == "log" and "log scale" in fig.layout.yaxis.title.text
+    assert path_figs.barrier_figure(recs).layout.yaxis.type is None
+
+
+def test_summary_rows_compare_each_curve_with_naive_on_the_same_evaluation():
+    naive, weight = lm_record(), lm_record("weight", (2.0, 2.05, 2.1, 2.0, 1.9))
+    live = {**lm_record("weight", (2.1, 2.2, 2.3, 2.1, 2.0)), "eval_set": "austen/test, 1,024 tokens"}
+    rows = path_figs.summary_rows([naive, weight], [live])
+    assert [r["curve"] for r in rows] == ["naive", "weight", "weight, live (8,192 tokens)"]
+    assert rows[1]["vs naive"] == pytest.approx(weight["barrier"] - naive["barrier"], abs=1e-15)
+    assert rows[0]["vs naive"] is None and rows[2]["vs naive"] is None  # no live naive of that evaluation
+    assert rows[2]["barrier"] == live["barrier"] and "accuracy drop (pt)" not in rows[0]
+    assert path_figs.summary_rows([vit_record()])[0]["accuracy drop (pt)"] == pytest.approx(67.5)
 
 
 def test_accuracy_curve_in_percent_and_skips_lms():
