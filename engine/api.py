@@ -12,6 +12,7 @@ import torch
 
 from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
+from engine.checks import EXACT_TOL  # noqa: F401 (for the app)
 from engine.data import default_splits, digits_sha256
 from engine.errors import ArchitectureMismatch, LMCError, ModelError
 from engine.evaluate import eval_set_for, evaluate
@@ -20,10 +21,25 @@ from engine.models import Model, load_model, save_model
 from engine.models.base import Arch
 from engine.models.io import check_output_dir
 from engine.progress import PhaseProgress, Phases
-from engine.results import RunConfig, cache_dir, cached_record, make_record, resolve_device, store, write_manifest
+from engine.results import (
+    RunConfig,
+    StoreWarning,
+    cache_dir,
+    cache_file,
+    cached_record,
+    list_cached,
+    make_record,
+    resolve_device,
+    store,
+    write_manifest,
+)
 from engine.zoo import ENTRIES, display_name, pairs, resolve
+from engine.zoo import manifest as zoo_manifest  # noqa: F401 (for the app)
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+# The app's pages import this module and nothing else of the engine: the names they need are here
+# (RunConfig, LMCError, EXACT_TOL, ENTRIES, display_name and the functions below).
 
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
@@ -343,3 +359,254 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         store(rec, root)
         out.append(rec)
     return out
+
+
+# The class ablation: weight matching on every zoo pair with each symmetry class alone and all of
+# them together, on a reduced evaluation (the first 8,192 tokens, or every test image, at 11 points)
+# so the whole build fits in minutes; one small JSON per pair under cached_results/ablation/.
+ABLATION_EVAL_ITEMS = 8_192
+ABLATION_POINTS = 11
+ABLATION_METHOD = "weight"
+ABLATION_KEEP = ("lambdas", "loss", "accuracy", "barrier", "midpoint_barrier", "accuracy_drop", "eval_set",
+                 "config_hash")
+
+
+def ablation_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "ablation"
+
+
+def ablation_file(model_a: str, model_b: str, root: Path | None = None) -> Path:
+    return ablation_dir(root) / f"{model_a}__{model_b}.json"
+
+
+def ablation_record(model_a: str, model_b: str, root: Path | None = None) -> dict | None:
+    """The stored ablation of a zoo pair, or None when it has not been built."""
+    from engine.models.io import read_json_object
+
+    f = ablation_file(model_a, model_b, root)
+    return read_json_object(f, max_bytes=None, allow_nan=True) if f.is_file() else None
+
+
+def _ablation_row(label: str, classes: list[str], rec: dict) -> dict:
+    return {"label": label, "classes": classes, "method": rec["method"], **{k: rec.get(k) for k in ABLATION_KEEP},
+            "align_seconds": rec["timings"]["align"]}
+
+
+def build_ablation(only: list[tuple[str, str]] | None = None, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> list[dict]:
+    """Weight matching restricted to each symmetry class alone, then all classes, beside naive, for every
+    zoo pair (or `only` those); resumable run by run (a run whose config hash is stored is kept).
+
+    The classes are those the full run used (the model's default set); each ablation is written after
+    every run, so a killed build resumes where it stopped. Returns the ablations.
+    """
+    todo_pairs = list(pairs() if only is None else only)
+    for p in todo_pairs:
+        if tuple(p) not in pairs():
+            raise LMCError(f"{p[0]} / {p[1]} is not a pair of the zoo (same task and positional encoding).")
+    check_output_dir(ablation_dir(), overwrite=True, name="Ablation store")
+    for a, b in todo_pairs:  # every model is built before any work starts
+        resolve(a)
+        resolve(b)
+    return [_ablate_pair(a, b, force, log) for a, b in todo_pairs]
+
+
+def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None) -> dict:
+    from engine.models.io import write_json_atomic
+
+    old = None if force else ablation_record(a, b)
+    kept = {r["label"]: r for r in (old or {}).get("runs", [])}
+    abl = {"schema": 1, "model_a": a, "model_b": b, "method": ABLATION_METHOD, "points": ABLATION_POINTS,
+           "eval_items": ABLATION_EVAL_ITEMS, "runs": []}
+
+    def run(label: str, method: str, classes: tuple[str, ...]) -> dict:
+        cfg = RunConfig(a, b, method, classes=classes, points=ABLATION_POINTS, eval_items=ABLATION_EVAL_ITEMS)
+        row = kept.get(label)
+        if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].task).hash():
+            if log:
+                log(f"ablation {a} / {b}: {label}")
+            rec = run_pair(cfg)
+            row = _ablation_row(label, list(rec["alignment"]["classes"]) if method != "naive" else [], rec)
+        abl["runs"].append(row)
+        write_json_atomic(ablation_file(a, b), abl)  # after every run: a killed build resumes here
+        return row
+
+    run("none", "naive", ())
+    for c in run("all", ABLATION_METHOD, ())["classes"]:
+        run(c, ABLATION_METHOD, (c,))
+    return abl
+
+
+
+# The Symmetry page's data for one model, preset config or directory; the zoo's are precomputed by
+# `cache build` into cached_results/symmetry/ so the page opens at once (recomputed when the weights change).
+def dims_by_pe(arch: Arch) -> dict[str, dict]:
+    """group_dimension of `arch`'s shape under each positional encoding (RoPE rotating whole heads)."""
+    from engine.groups import group_dimension
+
+    out = {}
+    for pe in ("none", "learned", "sinusoidal", "rope"):
+        rope = pe == "rope"
+        out[pe] = group_dimension(replace(
+            arch, pe=pe, rotary_dim=(arch.rotary_dim or arch.d_head) if rope else 0,
+            rope_layout=(arch.rope_layout or "interleaved") if rope else None,
+            rope_base=(arch.rope_base or 10000.0) if rope else arch.rope_base))
+    return out
+
+
+def symmetry_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "symmetry"
+
+
+def _weights_sha256(name: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(ENTRIES[name].path.glob("*.safetensors")) + [ENTRIES[name].path / "config.json"]:
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _precomputed_symmetry(name: str) -> dict | None:
+    """The stored view of a zoo model, when it was computed from the weights now on disk."""
+    from engine.models.io import read_json_object
+
+    f = symmetry_dir() / f"{name}.json"
+    if not f.is_file() or not (ENTRIES[name].path / "model.safetensors").is_file():
+        return None
+    try:
+        view = read_json_object(f, max_bytes=None, allow_nan=True)
+    except LMCError:
+        return None  # unreadable: computed again
+    return view if view.get("weights_sha256") == _weights_sha256(name) else None
+
+
+def has_precomputed_symmetry(name: str) -> bool:
+    """Whether `cache build` stored the view of zoo model `name` for the weights now on disk."""
+    return name in ENTRIES and _precomputed_symmetry(name) is not None
+
+
+def symmetry_view(target: str | dict, dims_only: bool = False, precomputed: bool = True) -> dict:
+    """{"report": symmetry_report, "statement": plain_statement, "spectrum": the whole sinusoidal spectrum or
+    None, "by_pe": dims_by_pe, "precomputed": bool} of a zoo name, a model directory or a config dict.
+
+    A directory or zoo name is checked first (model_info: one sentence per problem, as on every page);
+    a zoo model's stored view is used when its weights have not changed since (`precomputed`).
+    """
+    from engine.groups import sinusoidal_spectrum
+    from engine.report import plain_statement, symmetry_report
+
+    if isinstance(target, str):
+        model_info(target)
+        if precomputed and not dims_only and target in ENTRIES:
+            view = _precomputed_symmetry(target)
+            if view is not None:
+                return {k: v for k, v in view.items() if k != "weights_sha256"} | {"precomputed": True}
+    rep = symmetry_report(target, dims_only=dims_only)
+    spectrum = None
+    if rep.get("sinusoidal"):
+        sp = rep["sinusoidal"]
+        spectrum = sinusoidal_spectrum(sp["n_pos"], sp["d_model"], sp["rtol"])
+    return {"report": rep, "statement": plain_statement(rep), "spectrum": spectrum, "by_pe": dims_by_pe(Arch(**rep["arch"])),
+            "precomputed": False}
+
+
+def build_symmetry(names: list[str] | None = None, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> list[str]:
+    """Precompute the Symmetry page's view of every built zoo model (or `names`) into cached_results/symmetry/;
+    a view whose weights are unchanged is kept unless `force`. Returns the names written or kept."""
+    from engine.models.io import write_json_atomic
+
+    todo = [n for n in (names or ENTRIES) if (ENTRIES[n].path / "model.safetensors").is_file()]
+    check_output_dir(symmetry_dir(), overwrite=True, name="Symmetry store")
+    for n in todo:
+        if not force and _precomputed_symmetry(n) is not None:
+            continue
+        if log:
+            log(f"symmetry: {n}")
+        view = symmetry_view(n, precomputed=False)
+        view.pop("precomputed")
+        write_json_atomic(symmetry_dir() / f"{n}.json", view | {"weights_sha256": _weights_sha256(n)})
+    return todo
+
+
+def symmetry_json(report: dict) -> bytes:
+    """A symmetry report as the JSON file the app and the CLI hand out."""
+    import json
+
+    return (json.dumps(report, indent=1) + "\n").encode()
+
+
+def symmetry_markdown(report: dict, statement: str | None = None) -> bytes:
+    """A symmetry report as Markdown: the plain statement, then the CLI's table."""
+    from engine.report import format_report, plain_statement
+
+    name = display_name(report["model"]) if report["model"] != "config" else "config"
+    return (f"# Symmetry report: {name}\n\n{statement or plain_statement(report)}\n\n```\n"
+            f"{format_report(report)}\n```\n").encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# The store and the zoo, as the pages read them
+
+
+def pair_records(model_a: str, model_b: str, root: str | Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored record of a pair (one per method, in store order) and a sentence per record
+    skipped as unreadable or incomplete (the others are still returned)."""
+    import warnings
+
+    root = Path(root or cache_dir())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rows = [r for r in list_cached(root) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
+        recs = [cached_record(model_a, model_b, r["method"], root) for r in rows]
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    return [r for r in recs if r], [s[:1].upper() + s[1:] for s in skipped]
+
+
+def pair_record(model_a: str, model_b: str, method: str, root: str | Path | None = None) -> dict | None:
+    """The stored record of one pair and method; None when there is none; an unusable one is an LMCError."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rec = cached_record(model_a, model_b, method, Path(root or cache_dir()))
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    if skipped:
+        raise LMCError(skipped[0][:1].upper() + skipped[0][1:])
+    return rec
+
+
+def _mtime(f: Path) -> int:
+    return f.stat().st_mtime_ns if f.exists() else 0
+
+
+def store_stamp() -> int:
+    """Changes whenever the store's manifest is rewritten: a cache key for pair_records."""
+    return _mtime(cache_dir() / "manifest.json")
+
+
+def record_stamp(model_a: str, model_b: str, method: str) -> int:
+    """Changes whenever one stored record is rewritten: a cache key for pair_record."""
+    return _mtime(cache_file(model_a, model_b, method, cache_dir()))
+
+
+def built_zoo() -> list[str]:
+    """The zoo models whose weights are on disk."""
+    return [n for n, e in ENTRIES.items() if (e.path / "model.safetensors").is_file()]
+
+
+def zoo_stamp(name_or_path: str) -> int:
+    """Changes when a model's weights or config do: a cache key for anything computed from them."""
+    path = ENTRIES[name_or_path].path if name_or_path in ENTRIES else Path(name_or_path)
+    for f in (path / "model.safetensors", path / "config.json", path):
+        if f.exists():
+            return _mtime(f)
+    return 0
+
+
+def class_names() -> tuple[str, ...]:
+    """Every symmetry class an aligner can be restricted to."""
+    from engine.align import CLASSES
+
+    return tuple(CLASSES)

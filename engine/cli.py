@@ -276,9 +276,23 @@ def cmd_cache(args) -> None:
         return
     _check_zoo_names(args.only)
     only = [(a, b) for a, b in pairs() if args.only is None or a in args.only or b in args.only]
-    recs = build_cache(methods=args.methods, eval_items=args.eval_items, only=only, force=args.force,
-                       log=lambda s: print(s, file=sys.stderr))
-    print(f"{len(recs)} record(s) in {cache_dir()}")
+    if args.ablation:
+        from engine.api import ablation_dir, build_ablation
+
+        if args.methods is not None:
+            raise LMCError("--methods does not apply to `cache build --ablation`: the ablation runs weight matching.")
+        out = build_ablation(only=only, force=args.force, log=lambda s: print(s, file=sys.stderr))
+        print(f"{sum(len(a['runs']) for a in out)} ablation run(s) for {len(out)} pair(s) in {ablation_dir()}")
+        return
+    from engine.api import build_symmetry, symmetry_dir
+
+    names = sorted({n for p in only for n in p})
+    if not args.symmetry:
+        recs = build_cache(methods=args.methods, eval_items=args.eval_items, only=only, force=args.force,
+                           log=lambda s: print(s, file=sys.stderr))
+        print(f"{len(recs)} record(s) in {cache_dir()}")
+    done = build_symmetry(names, force=args.force, log=lambda s: print(s, file=sys.stderr))
+    print(f"{len(done)} symmetry report(s) in {symmetry_dir()}")
 
 
 def cache_table() -> str:
@@ -502,6 +516,12 @@ def parser() -> argparse.ArgumentParser:
                    help="scored tokens / images per point, or 'all' (default 65,536: every test image)")
     p.add_argument("--only", nargs="+", help="zoo names: build only the pairs containing them")
     p.add_argument("--force", action="store_true", help="recompute records that are already up to date")
+    p.add_argument("--ablation", action="store_true",
+                   help="build the class ablation instead (weight matching with each symmetry class alone and all "
+                        "together, 8,192 items at 11 points) into cached_results/ablation/")
+    p.add_argument("--symmetry", action="store_true",
+                   help="build only the zoo's symmetry reports (cached_results/symmetry/; a plain build writes them "
+                        "too)")
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("runs", help="list, show or delete the live runs kept in the run history")

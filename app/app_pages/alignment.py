@@ -8,23 +8,16 @@ Everything drawn is already in the record; the engine is not run here.
 
 from __future__ import annotations
 
-import warnings
-from pathlib import Path
-
 import streamlit as st
 
 from app import downloads, messages, sidebar
 from app.figures import alignment as alignment_figs
 from app.figures import style
-from engine import zoo
-from engine.align import CLASSES
-from engine.errors import LMCError
-from engine.results import StoreWarning, cache_dir, cache_file, cached_record
+from engine import api
 
 # What each symmetry class lets an aligner change (MATH.md sections 1-3), in the reader's words.
 CLASS_INFO = {
-    "heads": "which of B's attention heads plays each of A's heads (with grouped-query attention: whole "
-             "KV groups, then query heads within a group)",
+    "heads": "which of B's attention heads plays each of A's heads",
     "mlp": "which of B's hidden MLP neurons plays each of A's neurons",
     "mlp_scale": "a scale per hidden neuron, undone in the output weights (ReLU: positive; SwiGLU: the up branch)",
     "qk": "a map A inside each KV group on queries, undone on keys as A⁻ᵀ: any invertible map without RoPE, "
@@ -39,25 +32,16 @@ charts = downloads.Charts("Alignment")  # every chart of this rerun, for the pag
 
 @st.cache_data(show_spinner=False)
 def load_record(model_a: str, model_b: str, method: str, store: str, stamp: int) -> dict | None:
-    """The cached record of one pair and method; `stamp` (the file's mtime) renews it after a rebuild.
-
-    The store skips an unusable record with a StoreWarning; this page shows only that record, so
-    the reason is its error."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", StoreWarning)
-        rec = cached_record(model_a, model_b, method, Path(store))
-    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
-    if skipped:
-        raise LMCError(skipped[0][0].upper() + skipped[0][1:])
-    return rec
+    """The stored record of one pair and method (an unusable one is its error); `stamp` renews it after a
+    rebuild."""
+    return api.pair_record(model_a, model_b, method, store)
 
 
 def cached(sel: sidebar.Selection) -> dict | None:
     if sel.custom:
         return None  # the store is keyed by zoo names; directories only ever run live
-    f = cache_file(sel.model_a, sel.model_b, sel.method, cache_dir())
-    stamp = f.stat().st_mtime_ns if f.is_file() else 0
-    return load_record(sel.model_a, sel.model_b, sel.method, str(cache_dir()), stamp)
+    return load_record(sel.model_a, sel.model_b, sel.method, str(api.cache_dir()),
+                       api.record_stamp(sel.model_a, sel.model_b, sel.method))
 
 
 def live(sel: sidebar.Selection) -> dict | None:
@@ -68,7 +52,7 @@ def live(sel: sidebar.Selection) -> dict | None:
 def pick_record(sel: sidebar.Selection) -> dict | None:
     try:
         rec_cached = cached(sel)
-    except LMCError as e:
+    except api.LMCError as e:
         messages.error(e)
         rec_cached = None
     rec_live = live(sel)
@@ -98,12 +82,20 @@ def classes_table(rec: dict) -> None:
                     f"{rec['method']} --classes heads mlp`.")
     approx = set(rec.get("endpoint_check", {}).get("approximate_classes") or [])
     left_out = rec.get("classes_left_out") or {}  # the engine's reasons (records before it: unused_reason)
+    arch = rec.get("arch") or {}
+    gqa = 0 < arch.get("n_kv_heads", 0) < arch.get("n_heads", 0)
+
+    def info(c: str) -> str:
+        text = CLASS_INFO.get(c, "")
+        if c == "heads" and gqa:
+            return text + " (under grouped-query attention: whole KV groups, then query heads within a group)"
+        return text if gqa else text.replace("each KV group", "each head")
     # A markdown table wraps its long cells, where a dataframe would cut them off.
     lines = ["| | class | group | what it lets the aligner change |", "|---|---|---|---|"]
-    for c in sorted(CLASSES, key=lambda c: c not in used):
-        why = f": {left_out[c]}" if c in left_out else unused_reason(c, used, rec.get("arch") or {})
+    for c in sorted(api.class_names(), key=lambda c: c not in used):
+        why = f": {left_out[c]}" if c in left_out else unused_reason(c, used, arch)
         group = groups.get(c, "") + (" (approximate)" if c in approx else "") if c in used else f"*not used{why}*"
-        lines.append(f"| {'✓' if c in used else '–'} | `{c}` | {group} | {CLASS_INFO.get(c, '')} |")
+        lines.append(f"| {'✓' if c in used else '–'} | `{c}` | {group} | {info(c)} |")
     st.markdown("\n".join(lines))
 
 
@@ -152,58 +144,108 @@ def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> No
                  key="heads_overview")
     left, right = st.columns(2, gap="large")
     with left:
-        st.markdown(f"**MLP neurons moved.** Share of the {arch['d_mlp']:,} hidden neurons per layer whose B "
-                    "partner has another index.")
-        charts.show(alignment_figs.mlp_moved_figure([L["mlp_perm"] for L in layers], colour), key="mlp_moved")
+        st.markdown(f"**Matched MLP neurons.** How alike each of A's {arch['d_mlp']:,} hidden neurons per layer "
+                    "is to its matched B partner (cosine of their weights, median), against the B neuron of the "
+                    "same index.")
+        sims = [L.get("mlp_similarity") for L in layers]
+        if all(sims):
+            charts.show(alignment_figs.mlp_similarity_overview(sims, colour), key="mlp_similarity")
+        else:
+            st.caption(unmatched(rec))
     with right:
         res = element.get("residual", {})
-        fig = alignment_figs.residual_figure(res, colour)
+        fig = alignment_figs.residual_concentration_figure(res, colour)
         st.markdown(f"**Residual map** ({res.get('kind', 'none')}).")
         if fig is None:
             st.caption("The identity: the residual stream was not aligned.")
         else:
-            st.caption("|Ω| with A's coordinates on the rows; a permutation would be one cell per row.")
+            st.caption("For each of A's residual coordinates, the largest share it takes from one B coordinate: "
+                       "1 everywhere for a permutation, small when the rotation spreads it over many.")
             charts.show(fig, key="residual_map")
+
+
+def unmatched(rec: dict) -> str:
+    """Why a record has no head costs or neuron similarities to draw."""
+    if rec["method"] == "naive":
+        return "Naive interpolation matches nothing: A's head or neuron i meets B's of the same index."
+    return ("This record predates the matching view (head costs, matched-neuron similarities): press **Run** on "
+            "the Connectivity page to recompute it with them.")
 
 
 def layer_detail(rec: dict, element: dict, colour: str) -> None:
     arch, layers, used = rec["arch"], element["layers"], rec["alignment"].get("classes", [])
     i = st.select_slider("Layer", list(range(len(layers))), key="align_layer") if len(layers) > 1 else 0
     L = layers[i]
+    group = alignment_figs.group_name(arch["n_kv_heads"], arch["n_heads"])
     left, right = st.columns(2, gap="large")
     with left:
-        charts.show(alignment_figs.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
-                                                     f"Head permutation, layer {i}"), key="head_perm")
+        if L.get("head_cost"):
+            charts.show(alignment_figs.head_cost_figure(L["head_cost"], L["head_perm"], arch["n_kv_heads"],
+                                                        f"Head cost and the chosen permutation, layer {i}"),
+                        key="head_cost")
+            st.caption("What the matching saw: the distance between the heads' Q/K and V/O circuits (dark: alike), "
+                       "with B in A's residual frame; the squares are the pairs it chose.")
+        else:
+            charts.show(alignment_figs.head_permutation_figure(L["head_perm"], arch["n_kv_heads"], colour,
+                                                               f"Head permutation, layer {i}"), key="head_perm")
     with right:
-        charts.show(alignment_figs.mlp_permutation_figure(L["mlp_perm"], colour, title=f"MLP permutation, layer {i}"),
-                     key="mlp_perm")
-        st.caption(f"{100 * alignment_figs.moved_fraction(L['mlp_perm']):.0f} % of the {len(L['mlp_perm']):,} neurons moved.")
+        if L.get("mlp_similarity"):
+            charts.show(alignment_figs.mlp_similarity_figure(L["mlp_similarity"], colour,
+                                                             f"Matched MLP neurons, layer {i}"), key="mlp_similarity_layer")
+            st.caption("Every neuron of A, sorted: the cosine of its weights (in, gate, out) with its matched B "
+                       "neuron, and with B's neuron of the same index.")
+        else:
+            st.caption(unmatched(rec))
     st.markdown("**Within-head maps**")
     if "rope_scalars" in L:
         left, right = st.columns(2, gap="large")
         with left:
             z = L["rope_scalars"]
             charts.show(alignment_figs.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
-                                                     f"Q/K: RoPE complex scalars, layer {i}"), key="rope_scalars")
-            st.caption("RoPE leaves the Q/K map one complex number z = r·e^{iφ} per frequency pair: q turns by φ "
-                       "and scales by r, k turns by φ and scales by 1/r. r = 1, φ = 0 is no change.")
+                                                           f"Q/K: RoPE complex scalars, layer {i}", group),
+                        key="rope_scalars")
+            st.markdown(r"RoPE leaves the Q/K map one complex number $z = r\,e^{i\varphi}$ per frequency pair: "
+                        r"$q$ turns by $\varphi$ and scales by $r$, $k$ turns by $\varphi$ and scales by $1/r$; "
+                        r"$r = 1,\ \varphi = 0$ is no change.")
         with right:
             if L.get("vo_singular_values"):
-                charts.show(alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}),
-                             key="singular_values")
-                st.caption("V/O may be any invertible map: its singular values say how far from a rotation it is "
-                           "(all ones).")
+                charts.show(alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}, group),
+                            key="singular_values")
+                st.markdown(r"V/O may be any invertible map $B \in GL(d)$: its singular values $\sigma_k$ say how "
+                            r"far from a rotation it is (all $\sigma_k = 1$).")
     elif L.get("qk_singular_values") or L.get("vo_singular_values"):
         maps = {"Q/K map": L.get("qk_singular_values"), "V/O map": L.get("vo_singular_values")}
-        charts.show(alignment_figs.singular_values_figure(maps), key="singular_values")
-        st.caption("Without RoPE both maps may be any invertible d × d matrix (GL(d)); singular values all one "
-                   "would be a rotation.")
+        charts.show(alignment_figs.singular_values_figure(maps, group), key="singular_values")
+        st.markdown(r"Without RoPE both maps may be any invertible $d \times d$ matrix, $GL(d)$; singular values "
+                    r"$\sigma_k$ all one would be a rotation.")
     else:
         st.caption("Not aligned: " + ("the method moves no weights." if rec["method"] == "naive" else
                    "the run used neither the `qk` nor the `vo` class."))
     missing = [c for c in ("qk", "vo") if c in used and not L.get(f"{c}_singular_values")]
     if missing:
         st.caption(f"The record carries no maps for {', '.join(missing)}.")
+
+
+@st.cache_data(show_spinner=False)
+def load_ablation(model_a: str, model_b: str, store: str, stamp: int) -> dict | None:
+    return api.ablation_record(model_a, model_b, store)
+
+
+def ablation(sel: sidebar.Selection, unit: str) -> None:
+    """The pair's class ablation (`python -m engine cache build --ablation`): what each class buys alone."""
+    f = api.ablation_file(sel.model_a, sel.model_b)
+    abl = None if sel.custom else load_ablation(sel.model_a, sel.model_b, str(api.cache_dir()),
+                                                f.stat().st_mtime_ns if f.is_file() else 0)
+    if not abl or not abl.get("runs"):
+        st.caption("No class ablation is stored for this pair: `python -m engine cache build --ablation` computes it "
+                   "(weight matching with each class alone and all together).")
+        return
+    st.markdown("**Class ablation.** Weight matching restricted to one symmetry class at a time, and with all of "
+                "them, against naive interpolation: how much of the barrier each class removes on its own.")
+    charts.show(alignment_figs.ablation_figure(abl["runs"], unit), key="ablation_chart")
+    sets = sorted({r["eval_set"] for r in abl["runs"] if r.get("eval_set")})
+    st.caption(f"A reduced evaluation ({'; '.join(sets)}, {abl['points']} points on λ), so its barriers differ "
+               "slightly from the full records on the Connectivity page.")
 
 
 def diagnostics(rec: dict, names: dict[str, str]) -> None:
@@ -252,7 +294,7 @@ names = sidebar.methods()
 st.subheader(sel.title)
 description = messages.check_pair(sel)  # the same message for the same problem as on every page
 if description:
-    st.caption(f"Model A `{zoo.display_name(sel.model_a)}`, model B `{zoo.display_name(sel.model_b)}`, "
+    st.caption(f"Model A `{api.display_name(sel.model_a)}`, model B `{api.display_name(sel.model_b)}`, "
                f"{names.get(sel.method, sel.method)}: {description}")
 rec = pick_record(sel) if description else None
 if description and rec is None:
@@ -271,13 +313,16 @@ elif rec is not None:
                         help="Dual matching moves both models toward a shared path; interpolating between "
                              "g_A·θ_A and g_B·θ_B is the same as between θ_A and g_A⁻¹ g_B·θ_B.")
         element = rec["alignment"]["element_a"] if side == "a" else element
-    tab_all, tab_layer, tab_opt = st.tabs(["All layers", "One layer", "Method diagnostics"])
+    tab_all, tab_layer, tab_opt, tab_ablation = st.tabs(["All layers", "One layer", "Method diagnostics",
+                                                         "Class ablation"])
     with tab_all:
         overview(rec, element, colour, names)
     with tab_layer:
         layer_detail(rec, element, colour)
     with tab_opt:
         diagnostics(rec, names)
+    with tab_ablation:
+        ablation(sel, style.loss_unit(rec))
     with st.expander("Export", icon=":material/download:"):
         downloads.record_downloads(rec, key="align_export")
         charts.download_button(key="align_figures")

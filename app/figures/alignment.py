@@ -21,11 +21,6 @@ def permutation_matrix(perm: Sequence[int]) -> list[list[int]]:
     return [[1 if j == perm[i] else 0 for j in range(n)] for i in range(n)]
 
 
-def moved_fraction(perm: Sequence[int]) -> float:
-    """Share of slots whose B partner is not the slot of the same index."""
-    return sum(p != i for i, p in enumerate(perm)) / len(perm) if perm else 0.0
-
-
 def layer_label(part: str) -> str:
     """'blocks.3' -> 'layer 3'; 'outer' (embeddings, final norm, head) -> 'embeddings & head'."""
     if part == "outer":
@@ -123,65 +118,153 @@ def head_permutations_overview(perms: Sequence[Sequence[int]], n_kv_heads: int =
         # head numbers only while they stay legible
         ticks = {"tickvals": list(range(len(perm))), "tickfont": {"size": 10}} if len(perm) <= 16 else \
             {"showticklabels": False}
-        fig.update_layout({f"xaxis{suffix}": ticks, f"yaxis{suffix}": ticks})
-    fig.update_layout(margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=70 + 200 * rows)
+        fig.update_layout({f"xaxis{suffix}": ticks | ({"title": {"text": "B head"}} if r == rows - 1 else {}),
+                           f"yaxis{suffix}": ticks | ({"title": {"text": "A head"}} if c == 0 else {})})
+    fig.update_layout(margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=90 + 210 * rows)
     return fig
 
 
-def mlp_moved_figure(mlp_perms: Sequence[Sequence[int]], colour: str = METHOD_COLOURS["weight"]) -> go.Figure:
-    """Per layer, the share of hidden neurons whose B partner has a different index (%)."""
-    frac = [100 * moved_fraction(p) for p in mlp_perms]
-    moved = [sum(q != i for i, q in enumerate(p)) for p in mlp_perms]
-    fig = go.Figure(go.Bar(
-        x=[f"layer {i}" for i in range(len(mlp_perms))], y=frac, marker_color=colour,
-        customdata=[[k, len(p)] for k, p in zip(moved, mlp_perms)], text=[f"{f:.0f} %" for f in frac],
-        textposition="outside", hovertemplate="%{x}: %{customdata[0]} of %{customdata[1]} neurons moved<extra></extra>",
-    ))
-    fig.update_layout(yaxis={"title": {"text": "Neurons moved (%)"}, "range": [0, 110], "ticksuffix": " %"},
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=300, showlegend=False)
-    return fig
-
-
-MLP_BINS = 32  # a pooled MLP permutation keeps cells a few pixels wide at the page's chart size
-
-
-def binned_permutation(perm: Sequence[int], max_bins: int = MLP_BINS) -> tuple[list[list[float]], int]:
-    """The permutation matrix pooled into square bins of `size` neurons: z[I][J] is the share of A-bin I's
-    neurons whose B partner lies in B-bin J (1 on the diagonal for the identity). Returns (z, size)."""
-    m = len(perm)
-    size = max(1, -(-m // max_bins))
-    nb = -(-m // size)
-    counts = [[0] * nb for _ in range(nb)]
-    for i, p in enumerate(perm):
-        counts[i // size][p // size] += 1
-    rows = [min(size, m - I * size) for I in range(nb)]
-    return [[c / rows[I] for c in row] for I, row in enumerate(counts)], size
-
-
-def mlp_permutation_figure(perm: Sequence[int], colour: str = METHOD_COLOURS["weight"], max_bins: int = MLP_BINS,
-                           title: str = "") -> go.Figure:
-    """A layer's MLP permutation, pooled to at most max_bins x max_bins so a 3,072-wide MLP stays legible.
-
-    The colour scale ends at the largest share present: a permutation between independently trained
-    models is close to uniform, and a scale fixed at 1 would show it as blank.
-    """
-    z, size = binned_permutation(perm, max_bins)
-    nb = len(z)
-    edges = [f"{k * size}–{min((k + 1) * size, len(perm)) - 1}" if size > 1 else str(k) for k in range(nb)]
-    unit = f"neurons, bins of {size}" if size > 1 else "neuron"
+def head_cost_figure(cost: Sequence[Sequence[float]], perm: Sequence[int], n_kv_heads: int = 0,
+                     title: str = "") -> go.Figure:
+    """The head cost matrix a matching chose from (rows A's heads, columns B's as trained; dark = cheap)
+    with the chosen permutation drawn on it as open squares; KV groups outlined when h_kv < h."""
+    n = len(cost)
+    chosen = [[" (chosen)" if j == perm[i] else "" for j in range(n)] for i in range(n)]
     fig = go.Figure(go.Heatmap(
-        z=z, x=list(range(nb)), y=list(range(nb)), colorscale=ramp(colour), zmin=0,
-        customdata=[[[edges[i], edges[j]] for j in range(nb)] for i in range(nb)],
-        colorbar={"title": {"text": "share of<br>A's bin"}, "thickness": 12},
-        hovertemplate="A neurons %{customdata[0]} ← B neurons %{customdata[1]}: %{z:.0%}<extra></extra>",
+        z=[list(row) for row in cost], x=list(range(n)), y=list(range(n)), customdata=chosen,
+        colorscale="Blues", reversescale=True, colorbar={"title": {"text": "cost"}, "thickness": 12},
+        hovertemplate="A head %{y}, B head %{x}: cost %{z:.4g}%{customdata}<extra></extra>",
     ))
+    fig.add_trace(go.Scatter(
+        x=list(perm), y=list(range(n)), mode="markers", name="chosen permutation",
+        marker={"symbol": "square-open", "size": max(8, min(28, 320 // max(n, 1))), "color": "#E45756",
+                "line": {"width": 3}},
+        customdata=[cost[i][perm[i]] for i in range(n)],
+        hovertemplate="A head %{y} ← B head %{x}: cost %{customdata:.4g} (chosen)<extra></extra>",
+    ))
+    for s in _gqa_shapes(perm, n_kv_heads):
+        fig.add_shape(s)
+    ticks = {"tickvals": list(range(n))} if n <= 32 else {}
     fig.update_layout(
         title={"text": title} if title else None,
-        xaxis={"title": {"text": f"Model B {unit}"}, "showticklabels": False},
-        yaxis={"title": {"text": f"Model A {unit}"}, "showticklabels": False},
-        margin={"l": 10, "r": 10, "t": 50 if title else 20, "b": 10}, height=380,
+        xaxis={"title": {"text": "Model B head (as trained)"}, **ticks},
+        yaxis={"title": {"text": "Model A head"}, **ticks},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.15, "xanchor": "left", "x": 0},
+        margin={"l": 10, "r": 10, "t": 50 if title else 20, "b": 10}, height=420,
     )
-    _square(fig, nb)
+    _square(fig, n)
+    return fig
+
+
+SIMILARITY_AXIS = "Cosine of a neuron's weights with its B partner"
+
+
+def mlp_similarity_figure(similarity: dict, colour: str = METHOD_COLOURS["weight"], title: str = "") -> go.Figure:
+    """Sorted per-neuron similarity of one layer (percentiles): each A neuron with the B neuron it was
+    matched to, against the B neuron of the same index (what interpolating without the permutation pairs)."""
+    fig = go.Figure()
+    for key, name, line in (("same_index", "same index (no neuron permutation)",
+                             {"color": BEFORE_COLOUR, "width": 2, "dash": "dash"}),
+                            ("matched", "matched partner", {"color": colour, "width": 3})):
+        y = list(similarity.get(key) or [])
+        if not y:
+            continue
+        x = [100 * k / (len(y) - 1) for k in range(len(y))] if len(y) > 1 else [0.0]
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name, line=line,
+                                 hovertemplate=f"{name}: %{{x:.0f}} % of A's neurons below %{{y:.3f}}<extra></extra>"))
+    fig.add_hline(y=0, line={"color": "#888888", "width": 1})
+    fig.update_layout(
+        title={"text": title} if title else None,
+        xaxis={"title": {"text": "A's neurons, sorted by similarity (percentile)"}, "ticksuffix": " %",
+               "range": [0, 100]},
+        yaxis={"title": {"text": SIMILARITY_AXIS}, "range": [-1.05, 1.05]},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0},
+        margin={"l": 10, "r": 10, "t": 50 if title else 20, "b": 10}, height=360,
+    )
+    return fig
+
+
+def _median(q: Sequence[float]) -> float:
+    return q[len(q) // 2]  # the stored values are percentiles: the middle one is the median
+
+
+def mlp_similarity_overview(similarities: Sequence[dict], colour: str = METHOD_COLOURS["weight"]) -> go.Figure:
+    """Per layer, the median similarity of A's neurons with their matched B partner and with B's neuron
+    of the same index: how much the matching found that the raw index order does not."""
+    x = [f"layer {i}" for i in range(len(similarities))]
+    fig = go.Figure()
+    for key, name, c in (("same_index", "same index", BEFORE_COLOUR), ("matched", "matched partner", colour)):
+        y = [_median(s[key]) for s in similarities]
+        fig.add_trace(go.Bar(x=x, y=y, name=name, marker_color=c, text=[f"{v:.2f}" for v in y],
+                             textposition="outside", hovertemplate=f"%{{x}}, {name}: median %{{y:.3f}}<extra></extra>"))
+    fig.update_layout(barmode="group", yaxis={"title": {"text": f"Median {SIMILARITY_AXIS[0].lower()}"
+                                                                f"{SIMILARITY_AXIS[1:]}"}, "range": [-0.1, 1.1]},
+                      legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=320)
+    return fig
+
+
+def residual_concentration(residual: dict) -> list[float] | None:
+    """Per A residual coordinate, the largest |weight| it takes from one B coordinate, sorted descending:
+    all ones for a permutation, about sqrt(2 ln D / D) for a rotation that spreads every coordinate."""
+    M = residual_matrix(residual)
+    if M is None:
+        return None
+    return sorted((max(abs(v) for v in row) for row in M), reverse=True)
+
+
+def residual_concentration_figure(residual: dict, colour: str = METHOD_COLOURS["weight"]) -> go.Figure | None:
+    """How permutation-like the residual map is (residual_concentration); None for the identity."""
+    top = residual_concentration(residual)
+    if top is None:
+        return None
+    n = len(top)
+    fig = go.Figure(go.Scatter(
+        x=[100 * (k + 0.5) / n for k in range(n)], y=top, mode="lines", line={"color": colour, "width": 3},
+        name="largest |Ω| per coordinate", hovertemplate="%{x:.0f} %: largest |Ω| %{y:.3f}<extra></extra>",
+    ))
+    fig.add_hline(y=1, line={"color": "#333333", "dash": "dash", "width": 1.5})
+    fig.add_annotation(x=100, y=1, xanchor="right", yanchor="bottom", showarrow=False, text="a permutation")
+    fig.update_layout(
+        xaxis={"title": {"text": "A's residual coordinates, sorted (percentile)"}, "ticksuffix": " %",
+               "range": [0, 100]},
+        yaxis={"title": {"text": "Largest |Ω| from one B coordinate"}, "range": [0, 1.1]},
+        margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=340, showlegend=False,
+    )
+    return fig
+
+
+ABLATION_ORDER = ("none", "heads", "mlp", "mlp_scale", "qk", "vo", "residual_perm", "residual_orth", "all")
+
+
+def ablation_rows(runs: Sequence[dict]) -> list[dict]:
+    """The runs of a class ablation in reading order: naive, each class alone, all classes together."""
+    rank = {k: i for i, k in enumerate(ABLATION_ORDER)}
+    return sorted(runs, key=lambda r: (rank.get(r["label"], len(rank) - 1), r["label"]))
+
+
+def ablation_label(label: str) -> str:
+    return {"none": "none (naive)", "all": "all classes"}.get(label, f"{label} alone")
+
+
+def ablation_figure(runs: Sequence[dict], unit: str = "nats/token") -> go.Figure:
+    """Barrier with each symmetry class alone and with all of them, beside naive (horizontal bars)."""
+    rows = ablation_rows(runs)
+    colour = {"none": method_colour("naive"), "all": method_colour("weight")}
+    fig = go.Figure(go.Bar(
+        y=[ablation_label(r["label"]) for r in rows], x=[r["barrier"] for r in rows], orientation="h",
+        marker_color=[colour.get(r["label"], "#F8BF87") for r in rows],
+        text=[f"{r['barrier']:.3f}" for r in rows], textposition="outside",
+        customdata=[", ".join(r["classes"]) or "none" for r in rows],
+        hovertemplate=f"%{{y}}: barrier %{{x:.4f}} {unit}<br>classes: %{{customdata}}<extra></extra>",
+    ))
+    top = max((r["barrier"] for r in rows), default=1.0)
+    fig.update_layout(
+        xaxis={"title": {"text": f"Barrier ({unit})"}, "range": [min(0.0, *(r["barrier"] for r in rows)) * 1.1,
+                                                                 1.2 * top if top > 0 else 1]},
+        yaxis={"title": {"text": "Symmetry classes weight matching may use"}, "autorange": "reversed"},
+        margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=120 + 36 * len(rows), showlegend=False,
+    )
     return fig
 
 
@@ -211,19 +294,24 @@ def rope_frequency(j: int, rotary_dim: int, base: float) -> float:
     return base ** (-2 * j / rotary_dim)
 
 
+def group_name(n_kv_heads: int, n_heads: int) -> str:
+    """What a within-head map acts on: a KV group under grouped-query attention, else one head."""
+    return "KV group" if 0 < n_kv_heads < n_heads else "head"
+
+
 def rope_scalars_figure(modulus: Sequence[Sequence[float]], angle: Sequence[Sequence[float]],
-                        rope_base: float | None = None, title: str = "") -> go.Figure:
-    """The complex scalars z_j = r e^{i phi} of each KV group's Q/K map in H(d): one point per frequency
-    pair, angle phi around the circle, modulus r (the scale on q; k gets 1/r) outward."""
+                        rope_base: float | None = None, title: str = "", group: str = "KV group") -> go.Figure:
+    """The complex scalars z_j = r e^{i phi} of each KV group's (or head's) Q/K map in H(d): one point per
+    frequency pair, angle phi around the circle, modulus r (the scale on q; k gets 1/r) outward."""
     fig = go.Figure()
     for c, (r, phi) in enumerate(zip(modulus, angle)):
         n = len(r)
         omegas = [rope_frequency(j, 2 * n, rope_base) for j in range(n)] if rope_base else [None] * n
         fig.add_trace(go.Scatterpolar(
-            r=list(r), theta=[_degrees(p) for p in phi], mode="markers", name=f"KV group {c}",
+            r=list(r), theta=[_degrees(p) for p in phi], mode="markers", name=f"{group} {c}",
             marker={"color": group_colour(c), "size": 9, "line": {"color": "white", "width": 1}},
             customdata=[[j, w if w is not None else float("nan")] for j, w in enumerate(omegas)],
-            hovertemplate=(f"KV group {c}, pair %{{customdata[0]}}"
+            hovertemplate=(f"{group} {c}, pair %{{customdata[0]}}"
                            + (" (ω = %{customdata[1]:.3g})" if rope_base else "")
                            + "<br>r = %{r:.4f}, φ = %{theta:.1f}°<extra></extra>"),
         ))
@@ -244,9 +332,9 @@ def _degrees(rad: float) -> float:
     return math.degrees(rad)
 
 
-def singular_values_figure(maps: dict[str, Sequence[Sequence[float]]]) -> go.Figure:
+def singular_values_figure(maps: dict[str, Sequence[Sequence[float]]], group: str = "KV group") -> go.Figure:
     """Singular values of the within-head GL maps, one panel per map kind ('Q/K map', 'V/O map'), one line
-    per KV group: all ones for an orthogonal map, a spread for a genuinely non-orthogonal one."""
+    per KV group (or head): all ones for an orthogonal map, a spread for a genuinely non-orthogonal one."""
     fig = go.Figure()
     items = [(k, v) for k, v in maps.items() if v]
     if not items:
@@ -255,9 +343,9 @@ def singular_values_figure(maps: dict[str, Sequence[Sequence[float]]]) -> go.Fig
     for col, (_, groups) in enumerate(items, start=1):
         for c, s in enumerate(groups):
             fig.add_trace(go.Scatter(
-                x=list(range(1, len(s) + 1)), y=list(s), mode="lines+markers", name=f"KV group {c}",
+                x=list(range(1, len(s) + 1)), y=list(s), mode="lines+markers", name=f"{group} {c}",
                 legendgroup=f"g{c}", showlegend=col == 1, line={"color": group_colour(c), "width": 2},
-                marker={"size": 4}, hovertemplate=f"KV group {c}: σ_%{{x}} = %{{y:.4f}}<extra></extra>",
+                marker={"size": 4}, hovertemplate=f"{group} {c}: σ_%{{x}} = %{{y:.4f}}<extra></extra>",
             ), row=1, col=col)
         fig.update_xaxes(title_text="index k (largest first)", row=1, col=col)
         fig.update_yaxes(type="log", row=1, col=col)
@@ -276,25 +364,6 @@ def residual_matrix(residual: dict) -> list[list[float]] | None:
         O = residual["matrix"]
         return [[O[j][i] for j in range(len(O))] for i in range(len(O[0]))]
     return None
-
-
-def residual_figure(residual: dict, colour: str = METHOD_COLOURS["weight"]) -> go.Figure | None:
-    """|Omega| as a heatmap (the sign in the hover), the scale ending at its largest entry; None when the
-    residual map is the identity."""
-    M = residual_matrix(residual)
-    if M is None:
-        return None
-    n = len(M)
-    fig = go.Figure(go.Heatmap(
-        z=[[abs(v) for v in row] for row in M], customdata=M, x=list(range(n)), y=list(range(n)),
-        colorscale=ramp(colour), zmin=0, colorbar={"title": {"text": "|Ω|"}, "thickness": 12},
-        hovertemplate="A coordinate %{y} ← B coordinate %{x}: Ω = %{customdata:.4f}<extra></extra>",
-    ))
-    fig.update_layout(xaxis={"title": {"text": "Model B residual coordinate"}},
-                      yaxis={"title": {"text": "Model A residual coordinate"}},
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=440)
-    _square(fig, n)
-    return fig
 
 
 def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",

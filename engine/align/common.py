@@ -387,9 +387,10 @@ def _rounded(t: Tensor, digits: int = 5) -> list:
     return torch.round(t.detach().to(F64), decimals=digits).tolist()
 
 
-def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str]) -> dict:
+def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str], view: list[dict] | None = None) -> dict:
     """The JSON view of a group element: permutations as index lists, RoPE complex scalars per head,
-    Q/K and V/O maps by their singular values, the residual map (index list or matrix)."""
+    Q/K and V/O maps by their singular values, the residual map (index list or matrix); `view`
+    (matching_view) adds each layer's head cost matrix and matched-neuron similarities."""
     from engine.align.solvers import residual_perm_of, rope_scalars
 
     a = pair.arch
@@ -409,7 +410,7 @@ def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str]) -> di
                 d["rope_scalars"] = {"abs": _rounded(z.abs()), "angle": _rounded(z.angle())}
         if "vo" in classes:
             d["vo_singular_values"] = _rounded(torch.linalg.svdvals(el.vo.to(F64)))
-        layers.append(d)
+        layers.append(d | (view[len(layers)] if view else {}))
     O = g.residual.to(F64)
     perm = residual_perm_of(O)
     residual: dict = {"kind": "identity" if torch.equal(O, torch.eye(a.d_model, dtype=F64)) else
@@ -420,3 +421,53 @@ def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str]) -> di
         residual["matrix"] = _rounded(O, 4)
         residual["distance_from_identity"] = float(torch.linalg.matrix_norm(O - torch.eye(a.d_model, dtype=F64)))
     return {"layers": layers, "residual": residual}
+
+
+QUANTILES = 101  # sorted per-neuron similarities are kept as percentiles: a curve, not m numbers
+
+
+def _sig(t: Tensor, digits: int = 4) -> list:
+    """Values to `digits` significant figures (costs span orders of magnitude across models)."""
+    return [[float(f"{v:.{digits}g}") for v in row] for row in t.tolist()]
+
+
+def _neuron_rows(arch, p: Params, layer: int) -> Tensor:
+    """[m, *]: every weight of each hidden neuron (incoming, gate, outgoing) as one row."""
+    from engine.align.weight import neurons
+
+    inc, out, gate = neurons(arch, p, layer)
+    return torch.cat([inc, out] + ([gate] if gate is not None else []), 1)  # [m, *]
+
+
+def _cosine_rows(X: Tensor, Y: Tensor) -> Tensor:
+    return (X * Y).sum(1) / (X.norm(dim=1) * Y.norm(dim=1)).clamp_min(1e-30)  # [m]
+
+
+def matching_view(pair: Pair, moved: Params, g: GroupElement) -> list[dict]:
+    """Per layer, what a matching sees once B is aligned (B moved onto A, in A's residual frame):
+
+    - head_cost [h_A][h_B]: the weight-matching head cost (engine.align.weight.head_cost: the distance
+      of the heads' invariant Q/K and V/O circuits) between A's head i and B's head j as trained, so
+      the chosen head permutation is the cells (i, head_perm[i]);
+    - mlp_similarity: percentiles (QUANTILES, ascending) of the cosine between each A neuron's weights
+      and its matched B neuron's ("matched"), and with B's neuron of the same index ("same_index"),
+      both after every other part of the alignment.
+    Float64 on the CPU, one layer at a time.
+    """
+    from engine.align.weight import head_cost
+
+    arch, pa = pair.arch, pair.params_a
+    q = torch.linspace(0, 1, QUANTILES, dtype=F64)
+    out = []
+    for layer, el in enumerate(g.layers):
+        pre = f"blocks.{layer}."
+        la = {k: v.detach().to("cpu", F64) for k, v in pa.items() if k.startswith(pre)}
+        lb = {k: v.detach().to("cpu", F64) for k, v in moved.items() if k.startswith(pre)}
+        C = torch.empty(arch.n_heads, arch.n_heads, dtype=F64)
+        C[:, el.head_perm] = head_cost(arch, la, lb, layer)  # moved B's head j is B's head perm[j]
+        na, nb = _neuron_rows(arch, la, layer), _neuron_rows(arch, lb, layer)  # [m, *]
+        inv = torch.argsort(el.mlp_perm)  # B's neuron i sits at inv[i] in the moved model
+        out.append({"head_cost": _sig(C), "mlp_similarity": {
+            "matched": _rounded(torch.quantile(_cosine_rows(na, nb), q), 4),
+            "same_index": _rounded(torch.quantile(_cosine_rows(na, nb[inv]), q), 4)}})
+    return out

@@ -23,6 +23,7 @@ from engine.align.common import (
     choose_classes,
     describe_element,
     matching_costs,
+    matching_view,
     model_for,
     prepare_pair,
     storages,
@@ -193,6 +194,7 @@ def endpoint_check(b: Model, al: Aligned, es: EvalSet, loss_moved: float, loss_b
 def alignment_record(al: Aligned) -> dict:
     """The record's `alignment` field: classes, the group element(s), costs, method diagnostics."""
     pair, g = al.pair, al.out.g
+    view = matching_view(pair, al.moved_params, g) if al.method != "naive" else None
     rec = {
         "method": al.method,
         "display_name": METHODS[al.method].display_name,
@@ -200,7 +202,7 @@ def alignment_record(al: Aligned) -> dict:
         "classes_left_out": al.left_out,
         "groups": {k: pair.spec.describe(k) for k in sorted(al.classes)},
         "rewrite": pair.rewrite,
-        "element": describe_element(pair, g, al.classes),
+        "element": describe_element(pair, g, al.classes, view),
         "matching_cost": {"before": al.costs_before, "after": matching_costs(pair.params_a, al.moved_params)},
         "diagnostics": al.out.info,
         "seconds": al.seconds,

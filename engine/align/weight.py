@@ -94,14 +94,18 @@ def circuit_inner(Xa: Tensor, Ya: Tensor, Xb: Tensor, Yb: Tensor, h: int) -> Ten
 def match_heads(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
     """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits,
     C_ij = ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2, from Gram matrices (circuit_inner)."""
+    return gqa_assignment(-head_cost(arch, pa, pb, layer), arch.n_heads // arch.n_kv_heads)
+
+
+def head_cost(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
+    """C [h_A, h_B], the cost match_heads assigns on."""
     h = arch.n_heads
     Qa, Ka, Va, Oa = head_factors(arch, pa, layer)
     Qb, Kb, Vb, Ob = head_factors(arch, pb, layer)
     cross = circuit_inner(Qa, Ka, Qb, Kb, h) + circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)  # [h_A, h_B]
     na = (circuit_inner(Qa, Ka, Qa, Ka, h) + circuit_inner(Va, Oa.mT, Va, Oa.mT, h)).diagonal()  # [h]
     nb = (circuit_inner(Qb, Kb, Qb, Kb, h) + circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h)).diagonal()  # [h]
-    cost = na[:, None] + nb[None] - 2 * cross  # [h_A, h_B]
-    return gqa_assignment(-cost, arch.n_heads // arch.n_kv_heads)
+    return na[:, None] + nb[None] - 2 * cross  # [h_A, h_B]
 
 
 def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:

@@ -90,12 +90,13 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     assert list(before["y"]) == [al["matching_cost"]["before"][p] for p in parts]
     assert list(after["y"]) == [al["matching_cost"]["after"][p] for p in parts]
     assert after["marker"]["color"] == style.method_colour("weight")
-    # MLP: share of moved neurons per layer
-    moved = chart(at, "mlp_moved")["data"][0]["y"]
-    assert list(moved) == pytest.approx([100 * alignment_figs.moved_fraction(L["mlp_perm"]) for L in layers])
-    # the residual rotation, A's coordinates on the rows: |Omega^T|
-    O = np.array(al["element"]["residual"]["matrix"])
-    assert np.asarray(chart(at, "residual_map")["data"][0]["z"]) == pytest.approx(np.abs(O.T))
+    # MLP: the median similarity of matched neurons against same-index ones, per layer
+    same, matched = chart(at, "mlp_similarity")["data"]
+    assert list(matched["y"]) == [L["mlp_similarity"]["matched"][50] for L in layers]
+    assert list(same["y"]) == [L["mlp_similarity"]["same_index"][50] for L in layers]
+    # the residual rotation: how much each A coordinate takes from its largest B coordinate
+    O = np.abs(np.array(al["element"]["residual"]["matrix"]))
+    assert list(chart(at, "residual_map")["data"][0]["y"]) == pytest.approx(sorted(O.max(0), reverse=True))
     # classes: every class the run used, with its group
     text = "\n".join(m.value for m in at.markdown)
     for c in al["classes"]:
@@ -115,9 +116,11 @@ def test_one_layer_in_detail_follows_the_slider(env):
         at.select_slider(key="align_layer").set_value(i).run()
         assert not at.exception
         L = layers[i]
-        assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix(L["head_perm"])
-        z, _ = alignment_figs.binned_permutation(L["mlp_perm"])
-        assert np.asarray(z_of(chart(at, "mlp_perm")["data"][0])) == pytest.approx(np.asarray(z))
+        heat, chosen = chart(at, "head_cost")["data"]  # the cost the matching saw, the permutation on it
+        assert z_of(heat) == L["head_cost"] and list(chosen["x"]) == L["head_perm"]
+        same, matched = chart(at, "mlp_similarity_layer")["data"]
+        assert list(matched["y"]) == L["mlp_similarity"]["matched"]
+        assert list(same["y"]) == L["mlp_similarity"]["same_index"]
         polar = chart(at, "rope_scalars")["data"]
         assert len(polar) == GQA.n_kv_heads  # one trace per KV group
         for c, t in enumerate(polar):
@@ -158,11 +161,10 @@ def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
     layers[0]["head_perm"], layers[0]["kv_perm"] = [2, 3, 0, 1], [1, 0]  # a different, valid GQA permutation
     at = page("weight", live_runs={PAIR: {"weight": live}})
     assert at.radio(key="align_source").value == "live"
-    assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix([2, 3, 0, 1])
+    assert list(chart(at, "head_cost")["data"][1]["x"]) == [2, 3, 0, 1]
     at.radio(key="align_source").set_value("cached").run()
     assert not at.exception
-    assert z_of(chart(at, "head_perm")["data"][0]) == \
-        alignment_figs.permutation_matrix(cached["alignment"]["element"]["layers"][0]["head_perm"])
+    assert list(chart(at, "head_cost")["data"][1]["x"]) == cached["alignment"]["element"]["layers"][0]["head_perm"]
 
 
 def test_naive_says_no_class_was_used(env):
@@ -174,6 +176,9 @@ def test_naive_says_no_class_was_used(env):
     assert rec["alignment"]["element"]["residual"]["kind"] == "identity"
     with pytest.raises(KeyError):
         at.get_by_key("residual_map")  # nothing to draw for the identity
+    assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix(list(range(n)))
+    assert not any("predates the matching view" in c.value for c in at.caption)  # naive matched nothing
+    assert any("matches nothing" in c.value for c in at.caption)
 
 
 def test_a_method_without_a_record_says_how_to_get_one(env):
@@ -190,3 +195,25 @@ def test_a_corrupt_record_is_an_error_not_a_traceback(env, monkeypatch, tmp_path
     at = page("weight")
     assert "is not valid JSON" in at.error[0].value
     assert not at.get("plotly_chart")
+
+
+def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp_path):
+    from engine.api import ablation_file
+    from engine.models.io import write_json_atomic
+
+    at = page("weight")
+    assert any("No class ablation is stored" in c.value for c in at.caption)
+    store_dir = tmp_path / "store"
+    shutil.copytree(env, store_dir)
+    monkeypatch.setenv("LMC_CACHE_DIR", str(store_dir))
+    runs = [{"label": label, "classes": classes, "barrier": b, "eval_set": "austen/test, 256 tokens"}
+            for label, classes, b in (("all", ["heads", "mlp"], 0.2), ("mlp", ["mlp"], 0.5),
+                                      ("none", [], 1.5), ("heads", ["heads"], 1.2))]
+    f = ablation_file(*PAIR)
+    f.parent.mkdir()
+    write_json_atomic(f, {"model_a": PAIR[0], "model_b": PAIR[1], "points": 11, "runs": runs})
+    at = page("weight")
+    bars = chart(at, "ablation_chart")["data"][0]
+    assert list(bars["y"]) == ["none (naive)", "heads alone", "mlp alone", "all classes"]
+    assert list(bars["x"]) == [1.5, 1.2, 0.5, 0.2]
+    assert any("austen/test, 256 tokens, 11 points" in c.value for c in at.caption)

@@ -20,8 +20,6 @@ LAYERS = [
 def test_permutation_matrix_rows_are_a_columns_are_b():
     # A's slot i takes B's slot perm[i] (engine/symmetry.py), so row i has its one in column perm[i]
     assert alignment_figs.permutation_matrix([2, 0, 1]) == [[0, 0, 1], [1, 0, 0], [0, 1, 0]]
-    assert alignment_figs.moved_fraction([0, 2, 1, 3]) == 0.5
-    assert alignment_figs.moved_fraction(list(range(5))) == 0
 
 
 def test_head_permutation_heatmap_is_the_matrix_with_kv_groups_outlined():
@@ -47,24 +45,44 @@ def test_overview_has_one_heatmap_per_layer_on_its_own_axes():
     assert len(alignment_figs.head_permutations_overview([]).data) == 0
 
 
-def test_binned_mlp_permutation_pools_and_keeps_row_shares():
-    z, size = alignment_figs.binned_permutation(list(range(100)), max_bins=10)
-    assert size == 10 and len(z) == 10
-    assert all(z[i][j] == (1.0 if i == j else 0.0) for i in range(10) for j in range(10))
-    z, size = alignment_figs.binned_permutation(LAYERS[0]["mlp_perm"], max_bins=4)
-    assert size == 2 and z[1] == [0, 1.0, 0, 0]  # neurons 2, 3 swap within their bin
-    z, size = alignment_figs.binned_permutation([1, 2, 0], max_bins=2)  # an uneven last bin still sums to one
-    assert size == 2 and [sum(r) for r in z] == [1.0, 1.0]
-    fig = alignment_figs.mlp_permutation_figure(list(reversed(range(64))))
-    assert len(fig.data[0].z) == alignment_figs.MLP_BINS
-    assert "bins of 2" in fig.layout.xaxis.title.text
+def test_overview_axes_are_titled_once_per_row_and_column():
+    fig = alignment_figs.head_permutations_overview([L["head_perm"] for L in LAYERS] * 4, max_cols=6)  # 2 rows
+    titled_x = [k for k in fig.layout if k.startswith("xaxis") and fig.layout[k].title.text == "B head"]
+    titled_y = [k for k in fig.layout if k.startswith("yaxis") and fig.layout[k].title.text == "A head"]
+    assert sorted(titled_x) == ["xaxis7", "xaxis8"] and sorted(titled_y) == ["yaxis", "yaxis7"]
 
 
-def test_mlp_moved_bars_in_percent():
-    fig = alignment_figs.mlp_moved_figure([L["mlp_perm"] for L in LAYERS], colour="#abcdef")
-    assert list(fig.data[0].y) == [50.0, 0.0]
-    assert fig.data[0].marker.color == "#abcdef"
-    assert fig.layout.yaxis.title.text == "Neurons moved (%)"
+COST = [[4.0, 1.0, 9.0, 9.0], [0.5, 6.0, 9.0, 9.0], [9.0, 9.0, 2.0, 3.0], [9.0, 9.0, 0.25, 7.0]]
+
+
+def test_head_cost_matrix_with_the_chosen_permutation_drawn_on_it():
+    perm = [1, 0, 3, 2]
+    fig = alignment_figs.head_cost_figure(COST, perm, n_kv_heads=2, title="t")
+    heat, chosen = fig.data
+    assert [list(r) for r in heat.z] == COST
+    assert list(chosen.x) == perm and list(chosen.y) == [0, 1, 2, 3]
+    assert list(chosen.customdata) == [1.0, 0.5, 3.0, 0.25]  # the hover names both heads and the cost
+    assert "A head %{y}" in heat.hovertemplate and "B head %{x}" in heat.hovertemplate
+    assert "cost %{z" in heat.hovertemplate and heat.customdata[0][1] == " (chosen)" and heat.customdata[0][0] == ""
+    assert fig.layout.xaxis.title.text == "Model B head (as trained)" and fig.layout.yaxis.title.text == "Model A head"
+    assert len([s for s in fig.layout.shapes if s.type == "rect"]) == 2
+    assert not alignment_figs.head_cost_figure(COST, perm, n_kv_heads=4).layout.shapes
+
+
+SIM = {"matched": [-0.1, 0.2, 0.5, 0.7, 0.9], "same_index": [-0.4, -0.1, 0.0, 0.1, 0.3]}
+
+
+def test_matched_neurons_sorted_against_same_index():
+    fig = alignment_figs.mlp_similarity_figure(SIM, colour="#abcdef")
+    same, matched = fig.data
+    assert list(matched.y) == SIM["matched"] and list(same.y) == SIM["same_index"]
+    assert list(matched.x) == [0.0, 25.0, 50.0, 75.0, 100.0] and matched.line.color == "#abcdef"
+    assert same.line.color == style.BEFORE_COLOUR and same.line.dash == "dash"
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text == alignment_figs.SIMILARITY_AXIS
+    over = alignment_figs.mlp_similarity_overview([SIM, {"matched": [1.0] * 5, "same_index": [0.0] * 5}])
+    same, matched = over.data
+    assert list(matched.y) == [0.5, 1.0] and list(same.y) == [0.0, 0.0]  # the medians
+    assert list(matched.x) == ["layer 0", "layer 1"] and over.layout.yaxis.title.text
 
 
 def test_matching_cost_bars_before_grey_after_in_the_methods_colour():
@@ -107,10 +125,23 @@ def test_residual_map_orientation_and_identity():
     assert alignment_figs.residual_matrix({"kind": "permutation", "perm": [1, 2, 0]}) == alignment_figs.permutation_matrix([1, 2, 0])
     O = [[0.0, -1.0], [1.0, 0.0]]  # B's coordinate j feeds A's coordinate i with weight O[j][i]
     assert alignment_figs.residual_matrix({"kind": "orthogonal", "matrix": O}) == [[0.0, 1.0], [-1.0, 0.0]]
-    fig = alignment_figs.residual_figure({"kind": "orthogonal", "matrix": O})
-    assert [list(r) for r in fig.data[0].z] == [[0.0, 1.0], [1.0, 0.0]]  # |Omega^T|; the sign is in the hover
-    assert [list(r) for r in fig.data[0].customdata] == [[0.0, 1.0], [-1.0, 0.0]]
-    assert alignment_figs.residual_figure({"kind": "identity", "perm": [0, 1]}) is None
+    # how permutation-like: the largest |weight| per A coordinate, sorted; all ones for a permutation
+    assert alignment_figs.residual_concentration({"kind": "permutation", "perm": [1, 2, 0]}) == [1, 1, 1]
+    c = 2 ** -0.5
+    R = {"kind": "orthogonal", "matrix": [[c, -c, 0.0], [c, c, 0.0], [0.0, 0.0, -1.0]]}
+    assert alignment_figs.residual_concentration(R) == [1.0, c, c]
+    fig = alignment_figs.residual_concentration_figure(R)
+    assert list(fig.data[0].y) == [1.0, c, c] and fig.layout.yaxis.title.text and fig.layout.xaxis.title.text
+    assert alignment_figs.residual_concentration_figure({"kind": "identity", "perm": [0, 1]}) is None
+
+
+def test_within_head_maps_name_heads_unless_grouped_query():
+    assert alignment_figs.group_name(2, 4) == "KV group" and alignment_figs.group_name(4, 4) == "head"
+    z = LAYERS[0]["rope_scalars"]
+    fig = alignment_figs.rope_scalars_figure(z["abs"], z["angle"], group="head")
+    assert [t.name for t in fig.data] == ["head 0", "head 1"] and "KV" not in fig.data[0].hovertemplate
+    sv = alignment_figs.singular_values_figure({"V/O map": LAYERS[0]["vo_singular_values"]}, group="head")
+    assert [t.name for t in sv.data] == ["head 0", "head 1"]
 
 
 def test_history_validation_training_kept_step_and_one_sided():
@@ -214,10 +245,11 @@ def test_every_new_figure_serialises():
     L = LAYERS[0]
     figs = [
         alignment_figs.head_permutation_figure(L["head_perm"], 2), alignment_figs.head_permutations_overview([L["head_perm"]] * 7),
-        alignment_figs.mlp_permutation_figure(L["mlp_perm"]), alignment_figs.mlp_moved_figure([L["mlp_perm"]]),
+        alignment_figs.head_cost_figure(COST, L["head_perm"], 2), alignment_figs.mlp_similarity_figure(SIM),
+        alignment_figs.mlp_similarity_overview([SIM]),
         alignment_figs.rope_scalars_figure(L["rope_scalars"]["abs"], L["rope_scalars"]["angle"], 10000.0),
         alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}),
-        alignment_figs.residual_figure({"kind": "permutation", "perm": [1, 0]}),
+        alignment_figs.residual_concentration_figure({"kind": "permutation", "perm": [1, 0]}),
         symmetry_figs.invariance_figure(CHECKS, BREAKS), symmetry_figs.group_dim_figure({"qk": 1}),
         symmetry_figs.sinusoidal_spectrum_figure([1.0, 0.5]),
     ]
