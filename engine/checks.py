@@ -199,18 +199,70 @@ def invariance_checks(model: Model, kinds: Iterable[str] | None = None, k: int =
                              "note": str(e)})
                 continue
         f2 = f if a2 == arch else _evaluator(m64, a2, x)
+        if kind in spec.approximate:  # sinusoidal PE: only maps that fix the table's rows can be symmetries
+            rows.append(_table_fixing_check(kind, a2, p2, f2, y0, k, seed, getattr(m64.module, "pos_sin", None)))
+            continue
         changes = [_rel(f2(apply(a2, sample(a2, [kind], seed + i), p2)), y0) for i in range(k)]
-        row = {"group": kind, "kind": spec.describe(kind), "max_rel_change": max(changes),
-               "exact": kind not in spec.approximate, "note": note}
-        if kind in spec.approximate:
-            row["note"] = ("approximate: Omega would have to fix every difference of fixed sinusoidal "
-                           "table rows (MATH.md section 3)")
-        rows.append(row)
+        rows.append({"group": kind, "kind": spec.describe(kind), "max_rel_change": max(changes), "exact": True,
+                     "note": note})
     if translations:
         for name, p in _translations(arch, theta, seed).items():
             rows.append({"group": name, "kind": TRANSLATIONS[name], "max_rel_change": _rel(f(p), y0),
                          "exact": True, "note": "translation"})
     return rows
+
+
+SINUSOIDAL_RTOL = 1e-6  # table directions below this share of sigma_max count as "barely reached"
+
+
+def table_fixing_rotation(arch: Arch, seed: int, rtol: float = SINUSOIDAL_RTOL,
+                          table: Tensor | None = None) -> tuple[Tensor | None, int, int]:
+    """(Omega, free, barely): a random rotation of the residual stream that fixes every row of the fixed
+    sinusoidal table P [T, D] up to its directions below rtol * sigma_max, or None when no direction is free.
+
+    The model adds P to the residual stream without rotating it, so Omega is a symmetry exactly when
+    P Omega = P: Omega is the identity on the rows' span and any rotation on its complement (MATH.md
+    section 3). `free` directions are rotated; `barely` of them are reached by P below rtol (their
+    rotation changes the output at about that level), the rest not at all (exact). `table` is the model's
+    own P when it holds one (a float32 buffer differs from the float64 formula by float32 rounding).
+    """
+    from engine.models.reference import sinusoidal_table
+
+    P = sinusoidal_table(arch.n_ctx, arch.d_model, torch.float64) if table is None else table.to(torch.float64)
+    _, sv, Vh = torch.linalg.svd(P, full_matrices=True)  # sv [min(T, D)], Vh [D, D]
+    strong = int((sv >= rtol * sv[0]).sum())
+    free = arch.d_model - strong
+    if free == 0:
+        return None, 0, 0
+    U, W = Vh[:strong].T, Vh[strong:].T  # the rows' span [D, strong], its complement [D, free]
+    R = random_orthogonal(free, 1, torch.Generator().manual_seed(seed))[0]  # [free, free]
+    return U @ U.T + W @ R @ W.T, free, len(sv) - strong
+
+
+def _table_fixing_check(kind: str, arch: Arch, params: Params, f: Callable, y0: Tensor, k: int, seed: int,
+                        table: Tensor | None) -> dict:
+    """The residual check of a sinusoidal model: an element of the (nearly) exact subgroup, never a generic
+    one (a random rotation or permutation moves the table: that is a break test, not an approximation)."""
+    D = arch.d_model
+    if kind == "residual_perm":
+        return {"group": kind, "kind": f"permutation of the {D} residual coordinates", "max_rel_change": None,
+                "exact": False, "note": "no coordinate permutation fixes the sinusoidal table's rows, so the exact "
+                                        "group has no permutation part; a random one is a break test"}
+    changes, free, barely = [], 0, 0
+    for i in range(k):
+        O, free, barely = table_fixing_rotation(arch, seed + i, table=table)
+        if O is None:
+            return {"group": kind, "kind": f"rotation Ω ∈ O({D}) fixing the sinusoidal table's rows",
+                    "max_rel_change": None, "exact": False,
+                    "note": f"the table's rows reach all {D} directions, so only the identity fixes them; a "
+                            "generic rotation is a break test"}
+        changes.append(_rel(f(apply(arch, GroupElement(identity(arch).layers, O), params)), y0))
+    exact_dims = free - barely
+    note = (f"rotates the {exact_dims} directions the table does not reach: exact" if not barely else
+            f"rotates {free} directions: {exact_dims} the table does not reach and {barely} it reaches below "
+            f"{SINUSOIDAL_RTOL:g} σ_max, so the change is of that order: approximate")
+    return {"group": kind, "kind": f"rotation Ω ∈ O({D}) fixing the sinusoidal table's rows ({free} free directions)",
+            "max_rel_change": max(changes), "exact": not barely, "note": note + "; a generic rotation is a break test"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,6 +308,14 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
         out.append(("residual_gl", f"GL({arch.d_model}) on the residual stream", a2,
                     act(GroupElement(identity(a2).layers, M), a2, p2),
                     note))
+        if arch.pe == "sinusoidal":  # any rotation or permutation moves the fixed table (MATH.md section 3)
+            D = arch.d_model
+            O = random_orthogonal(D, 1, gen)[0]
+            out.append(("residual_orth_any", f"a random rotation of O({D}): moves the sinusoidal table", a2,
+                        act(GroupElement(identity(a2).layers, O), a2, p2), note))
+            Pm = torch.eye(D, dtype=torch.float64)[torch.randperm(D, generator=gen)]
+            out.append(("residual_perm_any", "a random permutation of the residual coordinates: moves the table",
+                        a2, act(GroupElement(identity(a2).layers, Pm), a2, p2), note))
     except SpecError as err:
         out.append(("residual_gl", f"GL({arch.d_model}) on the residual stream", arch, None, str(err)))
     s = ((torch.rand(arch.n_layers, m, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()  # [L, m]

@@ -18,7 +18,7 @@ from engine.models.base import Arch, Model
 from engine.models.io import read_json_object
 from engine.spec import KINDS, Spec, build_spec, check_arch
 
-__all__ = ["format_report", "symmetry_report"]
+__all__ = ["format_report", "plain_statement", "symmetry_report"]
 
 
 def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, str]:
@@ -120,3 +120,31 @@ def format_report(report: dict) -> str:
         lines.append("")
         lines.append("dimensions from the config only: no invariance checks or break tests were run")
     return "\n".join(lines)
+
+
+def plain_statement(report: dict, tol: float | None = None) -> str:
+    """What the checks found, in plain words: which symmetries are exact (measured below `tol`), which are
+    not and by how much, which could not be tested, and whether every break test broke."""
+    from engine.checks import EXACT_TOL
+
+    tol = EXACT_TOL if tol is None else tol
+    if report["dims_only"]:
+        return "Dimensions from the config only: no weights, so nothing was measured."
+    exact = [r["group"] for r in report["checks"] if r["max_rel_change"] is not None and r["max_rel_change"] < tol]
+    inexact = [r for r in report["checks"] if r["max_rel_change"] is not None and r["max_rel_change"] >= tol]
+    untested = [r["group"] for r in report["checks"] if r["max_rel_change"] is None]
+    parts = [f"Exact (the output changes by less than {tol:.0e}): {', '.join(exact)}." if exact else
+             "No symmetry was exact."]
+    if inexact:
+        parts.append("Not exact: " + "; ".join(f"{r['group']} changes it by {r['max_rel_change']:.1e}"
+                                               for r in inexact) + ".")
+    if untested:
+        parts.append(f"No group element to test: {', '.join(untested)}.")
+    broke = [r for r in report["breaks"] if r["max_rel_change"] is not None]
+    if broke:
+        low = min(r["max_rel_change"] for r in broke)
+        held = [r["group"] for r in broke if r["max_rel_change"] < tol]
+        parts.append(f"Every one of the {len(broke)} break tests changes the output (by {low:.1e} or more), as a "
+                     "map outside the group must." if not held else
+                     f"Break tests that did NOT change the output: {', '.join(held)}.")
+    return " ".join(parts)

@@ -10,20 +10,13 @@ corrections in docs/MATH_NOTES.md).
 
 from __future__ import annotations
 
-from dataclasses import replace
-from pathlib import Path
-
+import pandas as pd
 import streamlit as st
 
 from app import downloads, messages, sidebar
 from app.figures import style
 from app.figures import symmetry as symmetry_figs
-from engine import zoo
-from engine.checks import EXACT_TOL
-from engine.errors import LMCError
-from engine.groups import group_dimension, sinusoidal_spectrum
-from engine.models.base import Arch
-from engine.report import symmetry_report
+from engine import api
 
 charts = downloads.Charts("Symmetry")  # every chart of this rerun, for the page's figure download
 
@@ -67,41 +60,11 @@ on the model (0.28-0.88 on random tiny models, 2·10⁻³ on an HF Llama at its 
 """
 
 
-def compare_pes(arch: dict) -> dict[str, dict]:
-    """group_dimension of this shape under each positional encoding (RoPE rotating whole heads)."""
-    a = Arch(**arch)
-    out = {}
-    for pe in PES:
-        rope = pe == "rope"
-        out[pe] = group_dimension(replace(
-            a, pe=pe, rotary_dim=(a.rotary_dim or a.d_head) if rope else 0,
-            rope_layout=(a.rope_layout or "interleaved") if rope else None,
-            rope_base=(a.rope_base or 10000.0) if rope else a.rope_base))
-    return out
-
-
 @st.cache_data(show_spinner=False)
 def diagnose(target: str, dims_only: bool, stamp: int) -> dict:
-    """symmetry_report of a zoo name, a directory or a preset name, with the whole sinusoidal spectrum (the
-    report keeps only its ends) and the same shape's group under every PE. `stamp` renews it when the
-    weights change."""
-    rep = symmetry_report(PRESETS.get(target, target), dims_only=dims_only or target in PRESETS)
-    spectrum = None
-    if rep.get("sinusoidal"):
-        s = rep["sinusoidal"]
-        spectrum = sinusoidal_spectrum(s["n_pos"], s["d_model"], s["rtol"])
-    return {"report": rep, "spectrum": spectrum, "by_pe": compare_pes(rep["arch"])}
-
-
-def built_zoo() -> list[str]:
-    return [n for n, e in zoo.ENTRIES.items() if (e.path / "model.safetensors").is_file()]
-
-
-def stamp_of(path: Path) -> int:
-    for f in (path / "model.safetensors", path / "config.json", path):
-        if f.exists():
-            return f.stat().st_mtime_ns
-    return 0
+    """engine.api.symmetry_view of a zoo name, a directory or a preset name (a zoo model's is precomputed
+    by `cache build`); `stamp` renews it when the weights change."""
+    return api.symmetry_view(PRESETS.get(target, target), dims_only=dims_only or target in PRESETS)
 
 
 def pick_target() -> tuple[str, bool, int] | None:
@@ -121,32 +84,33 @@ def _pick(source: str) -> tuple[str, bool, int] | None:
         path = st.text_input("Model directory", key="sym_dir", placeholder="path/to/model",
                              help="A directory with config.json (and model.safetensors for the checks).").strip()
         dims_only = st.checkbox("Dimensions only (config.json, no checks)", key="sym_dims_only")
-        return (path, dims_only, stamp_of(Path(path))) if path else None
-    names = built_zoo()
+        return (path, dims_only, api.zoo_stamp(path)) if path else None
+    names = api.built_zoo()
     if not names:
         st.info("The zoo is not built yet: `python -m engine zoo build` trains it into assets/zoo/.")
         return None
     a = sidebar.selection().model_a
     name = st.selectbox("Zoo model", names, index=names.index(a) if a in names else 0, key="sym_model",
                         help="The sidebar's model A by default.")
-    return name, False, stamp_of(zoo.ENTRIES[name].path)
+    return name, False, api.zoo_stamp(name)
 
 
 def run(target: str, dims_only: bool, stamp: int) -> dict | None:
-    """The cached engine call; full checks show a status box (seconds to tens of seconds on a busy CPU)."""
+    """The cached engine call; full checks show a status box (seconds to tens of seconds on a busy CPU,
+    at once for a zoo model whose report `cache build` stored)."""
     if target not in PRESETS and messages.check_model(target) is None:  # the message every page gives
         return None
-    if dims_only:
+    if dims_only or target in PRESETS or (target in api.ENTRIES and api.has_precomputed_symmetry(target)):
         try:
-            return diagnose(target, True, stamp)
-        except LMCError as e:
+            return diagnose(target, dims_only, stamp)
+        except api.LMCError as e:
             messages.error(e)
             return None
     error = None
     with st.status("Checking every symmetry in float64…", expanded=False) as status:
         try:
             out = diagnose(target, False, stamp)
-        except LMCError as e:
+        except api.LMCError as e:
             error = str(e)
             status.update(label="Diagnostics failed", state="error")
         else:
@@ -169,16 +133,12 @@ def arch_line(a: dict) -> str:
             + (", tied embeddings" if a["tied_embeddings"] else "") + ".")
 
 
-def checks_section(rep: dict) -> None:
-    st.subheader("Invariance checks and break tests")
-    if rep["dims_only"]:
-        st.caption("From the config alone: no weights, so no numerical checks. Pick a zoo model or a directory with "
-                   "weights to run them.")
-        return
-    st.markdown(f"Each **symmetry** is applied as random group elements to a float64 copy of the model; the largest "
-                f"relative change of the logits must stay below {EXACT_TOL:.0e} (float error). Each **break test** "
-                "applies a map from a larger group that is *not* a symmetry (GL(d) on a RoPE model's Q/K, the other "
-                "RoPE pairing, GL(D) on the residual, scaling a GELU neuron) and must change the output.")
+VERDICTS = {"exact": "exact", "approximate": "small change", "break": "changes the output", None: "not measured"}
+TINTS = {"exact": "#DCEFD8", "approximate": "#FBF0C7", "break": "#F7D4D4", None: "#EEEEEE"}
+
+
+def check_rows(rep: dict) -> list[dict]:
+    """The checks and break tests as table rows, each with the band its measured change falls in."""
     rows = []
     for r, is_break in [(r, False) for r in rep["checks"]] + [(r, True) for r in rep["breaks"]]:
         c = r["max_rel_change"]
@@ -186,13 +146,39 @@ def checks_section(rep: dict) -> None:
         rows.append({"test": "break test" if is_break else "symmetry", "group": r["group"], "transform": r["kind"],
                      "max relative change": c,
                      "claimed": {"exact": "exact", "approximate": "approximate", "break": "not a symmetry"}[status],
-                     "exact (measured)": None if c is None else c < EXACT_TOL, "note": r.get("note", "")})
-    st.dataframe(rows, hide_index=True, key="checks_table",
+                     "measured": VERDICTS[symmetry_figs.change_band(c, api.EXACT_TOL)],
+                     "exact (measured)": None if c is None else c < api.EXACT_TOL, "note": r.get("note", "")})
+    return rows
+
+
+def checks_table(rep: dict, key: str, compact: bool = False) -> None:
+    """The rows coloured by their measured change: green exact, yellow a small change, red a broken output."""
+    rows = check_rows(rep)
+    cols = ["test", "group", "max relative change", "measured"] if compact else list(rows[0]) if rows else []
+    band = {v: k for k, v in VERDICTS.items()}
+    tint = [TINTS[band[r["measured"]]] for r in rows]
+    df = pd.DataFrame(rows, columns=cols)  # a Styler colours the rows
+    styled = df.style.apply(lambda row: [f"background-color: {tint[row.name]}"] * len(row), axis=1)
+    st.dataframe(styled, hide_index=True, key=key,
                  column_config={"max relative change": st.column_config.NumberColumn(format="%.2e"),
                                 "exact (measured)": st.column_config.CheckboxColumn(),
                                 "transform": st.column_config.TextColumn(width="medium"),
                                 "note": st.column_config.TextColumn(width="large")})
-    charts.show(symmetry_figs.invariance_figure(rep["checks"], rep["breaks"], EXACT_TOL), key="checks_chart")
+
+
+def checks_section(rep: dict, statement: str) -> None:
+    st.subheader("Invariance checks and break tests")
+    if rep["dims_only"]:
+        st.caption("From the config alone: no weights, so no numerical checks. Pick a zoo model or a directory with "
+                   "weights to run them.")
+        return
+    st.markdown(f"Each **symmetry** is applied as random group elements to a float64 copy of the model; the largest "
+                f"relative change of the logits must stay below {api.EXACT_TOL:.0e} (float error). Each **break test** "
+                "applies a map from a larger group that is *not* a symmetry (GL(d) on a RoPE model's Q/K, the other "
+                "RoPE pairing, GL(D) on the residual, scaling a GELU neuron) and must change the output.")
+    st.info(statement, icon=":material/fact_check:")
+    checks_table(rep, "checks_table")
+    charts.show(symmetry_figs.invariance_figure(rep["checks"], rep["breaks"], api.EXACT_TOL), key="checks_chart")
 
 
 def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
@@ -241,8 +227,11 @@ def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
                 f"rows: only {exact:,} of the {full_rotations:,} dimensions of O(D) are left exact. Its singular "
                 f"values fall steeply: {s['n_below_rtol']} of {len(s['singular_values'])} lie below {s['rtol']:g} "
                 f"σ_max (condition number {s['condition']:.1e}), so many of those constraints are almost empty and "
-                "the remaining rotations are *nearly* symmetries. Residual alignment of a sinusoidal model is "
-                "therefore approximate; the endpoint check on the Alignment page reports by how much.")
+                "the remaining rotations are *nearly* symmetries. The residual check above therefore rotates only "
+                "the directions the table does not reach (exact) or reaches below that level (approximate, a "
+                "change of that order); a generic rotation moves the table and is a break test. Residual "
+                "alignment of a sinusoidal model is approximate; the endpoint check on the Alignment page reports "
+                "by how much.")
     charts.show(symmetry_figs.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
 
 
@@ -253,16 +242,92 @@ with st.expander("Four positional encodings, four symmetry groups", expanded=Tru
     st.markdown(INTRO)
     st.caption(NOTES)
 
-picked = pick_target()
-out = run(*picked) if picked else None
-if out:
+def exports(out: dict, name: str, key: str) -> None:
     rep = out["report"]
-    st.markdown(f"**{zoo.display_name(rep['model']) if picked[0] not in PRESETS else picked[0]}**: "
-                f"{arch_line(rep['arch'])}")
-    checks_section(rep)
+    stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+    c1, c2 = st.columns(2)
+    c1.download_button("Symmetry report (JSON)", api.symmetry_json(rep), f"{stem}__symmetry.json", "application/json",
+                       key=f"{key}_json", on_click="ignore", icon=":material/download:")
+    c2.download_button("Symmetry report (Markdown)", api.symmetry_markdown(rep, out["statement"]),
+                       f"{stem}__symmetry.md", "text/markdown", key=f"{key}_md", on_click="ignore",
+                       icon=":material/download:")
+
+
+def one_model() -> None:
+    picked = pick_target()
+    out = run(*picked) if picked else None
+    if not out:
+        return
+    rep = out["report"]
+    name = api.display_name(rep["model"]) if picked[0] not in PRESETS else picked[0]
+    st.markdown(f"**{name}**: {arch_line(rep['arch'])}")
+    checks_section(rep, out["statement"])
     dims_section(rep, out["by_pe"])
     if rep.get("rope"):
         rope_section(rep)
     if out.get("spectrum"):
         sinusoidal_section(rep, out["spectrum"], out["by_pe"]["none"]["by_kind"]["residual_orth"])
+    exports(out, name, "symmetry_export")
     charts.download_button(key="symmetry_figures")
+
+
+def side_targets() -> tuple[list[str], str, str]:
+    """What either side may show (built zoo models, then presets) and the defaults: a RoPE LM beside a
+    sinusoidal one when the zoo has both, else Llama-2 (RoPE) beside GPT-2 (learned positions)."""
+    names = api.built_zoo()
+
+    def first(pe: str) -> str | None:
+        return next((n for n in names if api.ENTRIES[n].pe == pe and api.ENTRIES[n].task == "lm"), None)
+
+    rope, sin = first("rope"), first("sinusoidal")
+    return names + list(PRESETS), rope or "Llama-2-7B", sin or "GPT-2 small"
+
+
+def side(target: str, key: str) -> None:
+    """One side of the teaching mode: the model, a plain statement, the coloured checks, its group."""
+    out = run(target, target in PRESETS, 0 if target in PRESETS else api.zoo_stamp(target))
+    if not out:
+        return
+    rep = out["report"]
+    st.caption(arch_line(rep["arch"]))
+    if rep["dims_only"]:
+        st.caption("A published shape: group dimensions from its config, no weights to check.")
+    else:
+        st.markdown(out["statement"])
+        checks_table(rep, f"checks_table_{key}", compact=True)
+    gd = rep["group_dim"]
+    layer0 = gd["per_layer"][0] if gd["per_layer"] else {}
+    c = st.columns(3)
+    c[0].metric("Q/K per layer", f"{layer0.get('qk', 0):,}")
+    c[1].metric("V/O per layer", f"{layer0.get('vo', 0):,}")
+    c[2].metric("Residual stream", f"{gd['by_kind'].get('residual_orth', 0):,}")
+    charts.show(symmetry_figs.group_dim_figure(gd["by_kind"]), key=f"dims_chart_{key}")
+
+
+def side_by_side() -> None:
+    options, left_default, right_default = side_targets()
+    st.markdown("Two models or two published shapes next to each other: what each positional encoding keeps of "
+                "the symmetry group, measured on the weights where there are weights. Rows are coloured by the "
+                "measured change: **green** exact (float error), **yellow** a small change, **red** a changed "
+                "output.")
+    cols = st.columns(2, gap="large")
+    for col, key, default in ((cols[0], "left", left_default), (cols[1], "right", right_default)):
+        with col:
+            target = st.selectbox("Model or shape", options, index=options.index(default), key=f"sym_{key}",
+                                  format_func=lambda n: n if n in PRESETS else f"{n} (zoo)")
+            side(target, key)
+
+
+st.title("Symmetry")
+st.caption("Which weight changes leave a Transformer's function unchanged, checked numerically, and how the "
+           "positional encoding changes that group.")
+with st.expander("Four positional encodings, four symmetry groups", expanded=False):
+    st.markdown(INTRO)
+    st.caption(NOTES)
+
+mode = st.segmented_control("View", ["one", "side"], default="one", key="sym_mode", required=True,
+                            format_func={"one": "One model", "side": "Side by side"}.get)
+if mode == "side":
+    side_by_side()
+else:
+    one_model()

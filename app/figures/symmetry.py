@@ -59,11 +59,30 @@ def invariance_figure(checks: Sequence[dict], breaks: Sequence[dict] = (), tol: 
 
 
 
-def group_dim_figure(by_kind: dict[str, int]) -> go.Figure:
+def change_band(change: float | None, tol: float = 1e-10) -> str | None:
+    """What a measured relative change says, whatever was claimed: 'exact' below tol, 'approximate' below
+    APPROX_LIMIT, 'break' above; None when nothing was measured."""
+    if change is None:
+        return None
+    return "exact" if change < tol else "approximate" if change < APPROX_LIMIT else "break"
+
+
+APPROX_LIMIT = 1e-3  # a change this large is a change of the function, not float error or a near-symmetry
+
+
+def _dims_axis(log_y: bool, top: float) -> dict:
+    """Group dimensions span orders of magnitude (RoPE's Q/K: d, GL(d): d²): a log axis by default."""
+    title = {"text": "Group dimension (free parameters" + (", log scale)" if log_y else ")")}
+    if log_y:
+        return {"title": title, "type": "log", "range": [0, math.log10(max(top, 10)) + 0.5]}
+    return {"title": title, "range": [0, 1.15 * top]}
+
+
+def group_dim_figure(by_kind: dict[str, int], log_y: bool = True) -> go.Figure:
     """Continuous dimension per component of the group; discrete parts (dimension 0) are left out.
 
-    A linear axis on purpose: RoPE's Q/K part next to the V/O part should look as small as it is.
-    """
+    Log scale by default: at Llama sizes the Q/K part under RoPE (d) beside V/O (d²) would vanish on a
+    linear axis; the bar labels give the numbers."""
     items = [(k, v) for k, v in by_kind.items() if v]
     fig = go.Figure(go.Bar(
         x=[PART_LABELS.get(k, k) for k, _ in items], y=[v for _, v in items],
@@ -72,8 +91,8 @@ def group_dim_figure(by_kind: dict[str, int]) -> go.Figure:
         hovertemplate="%{x}: %{y:,} dimensions<extra></extra>",
     ))
     top = max((v for _, v in items), default=1)
-    fig.update_layout(yaxis={"title": {"text": "Group dimension (free parameters)"}, "range": [0, 1.15 * top]},
-                      margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=360, showlegend=False)
+    fig.update_layout(yaxis=_dims_axis(log_y, top), margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=360,
+                      showlegend=False)
     return fig
 
 
@@ -101,10 +120,12 @@ PE_COMPARE_PARTS = (("qk", "Q/K maps per layer"), ("vo", "V/O maps per layer"),
                     ("residual_orth", "residual rotation"), ("pe_shift", "embedding / PE shift"))
 
 
-def pe_comparison_figure(dims_by_pe: dict[str, dict]) -> go.Figure:
+def pe_comparison_figure(dims_by_pe: dict[str, dict], log_y: bool = True) -> go.Figure:
     """The same shape under each positional encoding: grouped bars of the group parts the PE changes.
 
-    `dims_by_pe` maps pe -> a group_dimension dict; per-layer parts are read from layer 0.
+    `dims_by_pe` maps pe -> a group_dimension dict; per-layer parts are read from layer 0. Log scale by
+    default, so RoPE's d beside everyone else's d² stays visible at any size (a part of dimension 0 has
+    no bar; its label says 0).
     """
     fig = go.Figure()
     labels = [label for _, label in PE_COMPARE_PARTS]
@@ -118,8 +139,7 @@ def pe_comparison_figure(dims_by_pe: dict[str, dict]) -> go.Figure:
             marker_color=PE_COLOURS.get(pe, "#888888"), text=[compact(v) for v in y], textposition="outside",
             hovertemplate=f"{PE_NAMES.get(pe, pe)}, %{{x}}: %{{y:,}}<extra></extra>",
         ))
-    fig.update_layout(barmode="group", yaxis={"title": {"text": "Group dimension (free parameters)"},
-                                              "range": [0, 1.15 * top]},
+    fig.update_layout(barmode="group", yaxis=_dims_axis(log_y, top),
                       legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
                       margin={"l": 10, "r": 10, "t": 50, "b": 10}, height=360)
     return fig

@@ -108,3 +108,28 @@ def test_a_bad_directory_is_an_error_not_a_traceback(tiny_env):
     assert at.error[0].value == "Model /nonexistent/model is neither a zoo model nor an existing directory."
     assert not at.status  # refused before any check starts
     assert not at.get("plotly_chart")
+
+
+def test_side_by_side_puts_two_models_or_shapes_next_to_each_other(tiny_env):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    at.session_state["sym_mode"] = "side"
+    at.switch_page(PAGE).run()
+    assert not at.exception
+    # the tiny zoo has a RoPE LM but no sinusoidal one: RoPE beside GPT-2's published shape
+    assert (at.selectbox(key="sym_left").value, at.selectbox(key="sym_right").value) == ("lm-rope-s0", "GPT-2 small")
+    left = chart(at, "dims_chart_left")
+    assert left["layout"]["yaxis"]["type"] == "log" and "log scale" in left["layout"]["yaxis"]["title"]["text"]
+    rep = symmetry_report("lm-rope-s0")
+    assert list(left["data"][0]["y"]) == [v for v in rep["group_dim"]["by_kind"].values() if v]
+    table = at.dataframe[0].value  # the left model's checks, coloured by measured change
+    assert list(table.columns) == ["test", "group", "max relative change", "measured"]
+    assert set(table["measured"]) <= {"exact", "small change", "changes the output", "not measured"}
+    assert (table[table["test"] == "break test"]["measured"] == "changes the output").all()
+    assert any(m.value.startswith("Exact (the output changes by less than 1e-10)") for m in at.markdown)
+    from app.app_pages.symmetry import PRESETS
+
+    at.selectbox(key="sym_right").select("Llama-2-7B").run()
+    assert not at.exception
+    llama = symmetry_report(PRESETS["Llama-2-7B"], dims_only=True)["group_dim"]["by_kind"]
+    assert list(chart(at, "dims_chart_right")["data"][0]["y"]) == [v for v in llama.values() if v]
+    assert [m.value for m in at.metric if m.label == "Q/K per layer"][1] == f"{32 * 128:,}"  # RoPE: h d

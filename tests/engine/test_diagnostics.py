@@ -37,12 +37,33 @@ def test_invariance_checks_are_exact_for_every_kind_and_translation(kw):
         assert "pe_shift" in checks
 
 
-def test_sinusoidal_residual_maps_are_reported_approximate_and_qk_stays_exact():
-    m = random_model(tiny(pe="sinusoidal"))
-    checks = rows(invariance_checks(m, k=2))
-    for kind in ("residual_orth", "residual_perm"):
-        assert checks[kind]["exact"] is False and checks[kind]["max_rel_change"] > 1e-3
-        assert "approximate" in checks[kind]["note"]
+@pytest.mark.parametrize("n_ctx", [8, 64], ids=["context-below-width", "context-above-width"])
+def test_sinusoidal_residual_check_draws_from_the_table_fixing_rotations(n_ctx):
+    """A generic rotation moves the fixed table (a break test); the check rotates only the directions the
+    table does not reach (exact) or reaches below SINUSOIDAL_RTOL (approximate, a change of that order)."""
+    from engine.checks import SINUSOIDAL_RTOL, table_fixing_rotation
+    from engine.models.reference import sinusoidal_table
+
+    m = random_model(tiny(pe="sinusoidal", n_ctx=n_ctx))
+    D = m.arch.d_model
+    checks, breaks = rows(invariance_checks(m, k=2)), rows(break_tests(m))
+    O, free, barely = table_fixing_rotation(m.arch, 0)
+    r = checks["residual_orth"]
+    if O is None:  # the rows reach every direction: nothing to rotate, said plainly
+        assert r["max_rel_change"] is None and "only the identity" in r["note"]
+    else:
+        P = sinusoidal_table(m.arch.n_ctx, D, torch.float64)
+        assert torch.allclose(O @ O.T, torch.eye(D, dtype=torch.float64), atol=1e-12)
+        assert (P @ O - P).abs().max() <= 2 * SINUSOIDAL_RTOL * torch.linalg.matrix_norm(P, 2)
+        assert (O - torch.eye(D, dtype=torch.float64)).abs().max() > 0.1  # a real rotation, not the identity
+        if barely == 0:
+            assert r["exact"] and r["max_rel_change"] < 1e-10 and free >= D - n_ctx
+        else:
+            assert not r["exact"] and r["max_rel_change"] < 1e-3 and "approximate" in r["note"]
+    assert checks["residual_perm"]["max_rel_change"] is None and "no coordinate permutation" in \
+        checks["residual_perm"]["note"]
+    for name in ("residual_orth_any", "residual_perm_any"):  # generic elements: breaks, and they break
+        assert breaks[name]["max_rel_change"] > 1e-2
     assert checks["qk"]["exact"] and checks["qk"]["max_rel_change"] < 1e-10
     assert "GL(8)" in checks["qk"]["kind"]
 
