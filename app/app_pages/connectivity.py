@@ -10,16 +10,12 @@ app.figures draws them.
 
 from __future__ import annotations
 
-import warnings
-
 import streamlit as st
 
 from app import downloads, exports, live_run, messages, sidebar
 from app.figures import path as path_figs
 from app.figures import style
-from engine import zoo
-from engine.errors import LMCError
-from engine.results import RunConfig, StoreWarning, cache_dir, cached_record, list_cached
+from engine import api
 
 # Evaluation subsets for a live run. Measured on one busy CPU core with a zoo LM: 8,192 tokens take
 # about 10 s for the 21-point path, the whole test split (~196k tokens) minutes; the 360-image
@@ -33,25 +29,18 @@ DEFAULT_ITEMS = {"lm": 8_192, "vit": None, None: 8_192}
 @st.cache_data(show_spinner=False)
 def cached_records(model_a: str, model_b: str, store: str, stamp: int) -> tuple[list[dict], list[str]]:
     """Every usable cached record of the pair, one per method, and a sentence per record skipped
-    (unreadable or incomplete: the others still show); `stamp` (manifest mtime) renews it after a rebuild."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", StoreWarning)
-        rows = [r for r in list_cached(store) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
-        recs = [cached_record(model_a, model_b, r["method"], store) for r in rows]
-    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    (unreadable or incomplete: the others still show); `stamp` (the store's) renews it after a rebuild."""
+    recs, skipped = api.pair_records(model_a, model_b, store)
     order = {m: i for i, m in enumerate(sidebar.methods())}  # registry order: naive first, then aligners
-    return sorted((r for r in recs if r), key=lambda r: (order.get(r["method"], len(order)), r["method"])), skipped
+    return sorted(recs, key=lambda r: (order.get(r["method"], len(order)), r["method"])), skipped
 
 
 def load_cached(sel: sidebar.Selection) -> list[dict]:
     if sel.custom:
         return []  # the store is keyed by zoo names; directories are only ever run live
-    store = cache_dir()
-    manifest = store / "manifest.json"
-    stamp = manifest.stat().st_mtime_ns if manifest.is_file() else 0
-    recs, skipped = cached_records(sel.model_a, sel.model_b, str(store), stamp)
+    recs, skipped = cached_records(sel.model_a, sel.model_b, str(api.cache_dir()), api.store_stamp())
     for s in skipped:
-        st.warning(s[0].upper() + s[1:])
+        st.warning(s)
     return recs
 
 
@@ -102,10 +91,10 @@ def live_panel() -> None:
     cfg, names = snap.cfg, sidebar.methods()
     state = {"done": "complete", "failed": "error"}.get(snap.state, "running" if not snap.finished else "complete")
     with st.status(live_run.headline(snap), state=state, expanded=not snap.finished):
-        task = zoo.ENTRIES[cfg.model_a].task if cfg.model_a in zoo.ENTRIES else None
+        task = api.ENTRIES[cfg.model_a].task if cfg.model_a in api.ENTRIES else None
         unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
-        st.caption(f"{names.get(cfg.method, cfg.method)}: `{zoo.display_name(cfg.model_a)}` / "
-                   f"`{zoo.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
+        st.caption(f"{names.get(cfg.method, cfg.method)}: `{api.display_name(cfg.model_a)}` / "
+                   f"`{api.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
         if snap.state != "failed":  # a failed run's bars would stand still forever: the error says it all
             for _, fraction, text in live_run.phase_rows(snap):
                 st.progress(fraction, text=text)
@@ -170,7 +159,7 @@ sel = sidebar.selection()
 st.subheader(sel.title)
 description = messages.check_pair(sel)  # from the configs: a pair that cannot work is refused here
 if description:
-    st.caption(f"Model A `{zoo.display_name(sel.model_a)}`, model B `{zoo.display_name(sel.model_b)}`: "
+    st.caption(f"Model A `{api.display_name(sel.model_a)}`, model B `{api.display_name(sel.model_b)}`: "
                f"{description}")
 names = sidebar.methods()
 live_runs = st.session_state.setdefault("live_runs", {})  # (model_a, model_b) -> {method: record}
@@ -182,7 +171,7 @@ charts = downloads.Charts("Connectivity")
 
 try:
     cached = load_cached(sel)
-except LMCError as e:
+except api.LMCError as e:
     messages.error(e)
     cached = []
 
@@ -196,8 +185,8 @@ with right, st.container(border=True):
     cfg = None
     if description:
         try:
-            cfg = RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items)
-        except LMCError as e:
+            cfg = api.RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items)
+        except api.LMCError as e:
             messages.error(e)
     ready = cfg is not None
     estimates = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else {}
@@ -229,7 +218,7 @@ with left:
         export_section(cached, live, names, charts)
 
 st.subheader("The model zoo")
-rows = zoo.manifest()
+rows = api.zoo_manifest()
 if rows:
     cols = ["name", "task", "pe", "seed", "parameters", "test_loss", "test_accuracy", "meets_bar", "steps"]
     st.dataframe(
