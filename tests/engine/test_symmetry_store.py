@@ -1,0 +1,52 @@
+"""The zoo's symmetry views, precomputed by `cache build` into cached_results/symmetry/ and read back
+at once; a changed model is computed again, a custom directory always is."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine import api
+from engine.report import plain_statement
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
+from tiny_zoo import build_zoo
+
+
+@pytest.fixture
+def tiny(monkeypatch, tmp_path):
+    monkeypatch.setenv("LMC_ZOO_DIR", str(build_zoo(tmp_path / "zoo")))
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+    return tmp_path
+
+
+def test_a_stored_view_is_read_back_until_the_weights_change(tiny, monkeypatch):
+    name = "lm-rope-s0"
+    assert not api.has_precomputed_symmetry(name)
+    assert api.build_symmetry([name]) == [name]
+    stored = api.symmetry_view(name)
+    assert stored["precomputed"] and api.has_precomputed_symmetry(name)
+    fresh = api.symmetry_view(name, precomputed=False)
+    assert {k: v for k, v in stored.items() if k != "precomputed"} == \
+        {k: v for k, v in fresh.items() if k != "precomputed"}
+    assert stored["statement"] == plain_statement(stored["report"])
+
+    def no_work(*a, **k):
+        raise AssertionError("an up-to-date view was recomputed")
+
+    monkeypatch.setattr("engine.report.symmetry_report", no_work)
+    assert api.build_symmetry([name]) == [name]  # kept
+    weights = api.ENTRIES[name].path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + bytes(8))  # other weights: the stored view is stale
+    assert not api.has_precomputed_symmetry(name)
+
+
+def test_the_statement_says_what_is_exact_and_what_breaks(tiny):
+    view = api.symmetry_view("lm-rope-s0", precomputed=False)
+    text = view["statement"]
+    exact = [r["group"] for r in view["report"]["checks"] if r["max_rel_change"] < api.EXACT_TOL]
+    assert text.startswith(f"Exact (the output changes by less than 1e-10): {', '.join(exact)}.")
+    assert f"Every one of the {len(view['report']['breaks'])} break tests changes the output" in text
+    assert api.symmetry_view("lm-rope-s0", dims_only=True)["statement"].startswith("Dimensions from the config")
+    md = api.symmetry_markdown(view["report"]).decode()
+    assert md.startswith("# Symmetry report: lm-rope-s0\n\n" + text)
