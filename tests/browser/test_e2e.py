@@ -23,7 +23,7 @@ def test_connectivity_page_draws_the_barrier_curve(page, streamlit_url):
     page.wait_for_selector(CHART + " .scatterlayer .trace path")
     wait_idle(page)
     assert page.locator(EXC).count() == 0
-    assert page.locator('[data-testid="stMetric"]').count() >= 2
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 1  # the numbers: one table under the chart
     assert page.locator(CHART + " .ytitle").first.text_content().startswith("Test loss (nats/")
     assert page.get_by_role("button", name="Run").is_enabled()
     assert page.external_requests == []
