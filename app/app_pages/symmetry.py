@@ -33,7 +33,6 @@ PRESETS = {
                                     "rope_theta": 10000.0},
 }
 SOURCES = {"zoo": "Zoo model", "dir": "Model directory", "preset": "Preset config"}
-PES = ("none", "learned", "sinusoidal", "rope")
 
 INTRO = """
 A **symmetry** is a change of the weights that leaves the model's function exactly unchanged: relabel the
@@ -134,7 +133,6 @@ def arch_line(a: dict) -> str:
 
 
 VERDICTS = {"exact": "exact", "approximate": "small change", "break": "changes the output", None: "not measured"}
-TINTS = {"exact": "#DCEFD8", "approximate": "#FBF0C7", "break": "#F7D4D4", None: "#EEEEEE"}
 
 
 def check_rows(rep: dict) -> list[dict]:
@@ -156,7 +154,7 @@ def checks_table(rep: dict, key: str, compact: bool = False) -> None:
     rows = check_rows(rep)
     cols = ["test", "group", "max relative change", "measured"] if compact else list(rows[0]) if rows else []
     band = {v: k for k, v in VERDICTS.items()}
-    tint = [TINTS[band[r["measured"]]] for r in rows]
+    tint = [style.CHECK_TINTS[band[r["measured"]]] for r in rows]
     df = pd.DataFrame(rows, columns=cols)  # a Styler colours the rows
     styled = df.style.apply(lambda row: [f"background-color: {tint[row.name]}"] * len(row), axis=1)
     st.dataframe(styled, hide_index=True, key=key,

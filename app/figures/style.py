@@ -53,6 +53,8 @@ BEFORE_COLOUR = "#BAB0AC"  # "before alignment" is neutral grey; "after" is the 
 GROUP_COLOURS = ("#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6",
                  "#9D755D")
 CHECK_COLOURS = {"exact": "#54A24B", "approximate": "#EECA3B", "break": "#E45756"}
+# Row backgrounds for a measured change: light versions of CHECK_COLOURS; grey when nothing was measured.
+CHECK_TINTS = {"exact": "#DCEFD8", "approximate": "#FBF0C7", "break": "#F7D4D4", None: "#EEEEEE"}
 CHECK_LABELS = {"exact": "symmetry (exact)", "approximate": "symmetry (approximate)", "break": "break test"}
 # Group-dimension components: one colour per part of the group, on every symmetry chart.
 PART_COLOURS = {
