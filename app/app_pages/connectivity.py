@@ -150,7 +150,7 @@ def eval_caption(recs: list[dict]) -> str:
 
 st.title("Connectivity")
 st.caption(
-    "Interpolate the weights of two models trained from different seeds, θ(λ) = (1 − λ) θ_A + λ θ_B, and "
+    "Interpolate the weights of two models of one architecture, θ(λ) = (1 − λ) θ_A + λ θ_B, and "
     "measure the test loss along the way. The **barrier** is the largest rise of that loss above the dashed "
     "chord between the endpoint losses: near zero, the two models are linearly mode connected."
 )
