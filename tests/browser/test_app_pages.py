@@ -20,6 +20,11 @@ def wait_idle(page):
     page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
+def error_text(page) -> str:
+    """The error box's sentence (its icon's ligature name comes first in the text)."""
+    return page.inner_text(ERROR).strip().split("\n")[-1]
+
+
 def download(page, label: str) -> bytes:
     """Click a download button and return the file the browser saved."""
     with page.expect_download() as info:
@@ -62,14 +67,14 @@ def test_every_download_on_connectivity_and_symmetry_is_a_valid_file(page, strea
 def test_side_by_side_symmetry_mode(page, streamlit_url):
     page.goto(streamlit_url + "/symmetry")
     page.wait_for_selector('h1:has-text("Symmetry")')
-    page.get_by_role("button", name="Side by side").click()
+    page.get_by_text("Side by side", exact=True).click()
     page.wait_for_function(f"() => document.querySelectorAll('{CHART}').length >= 2", timeout=120_000)
     wait_idle(page)
     assert page.locator(EXC).count() == 0
     # one model or shape per column, each with its own picker and group-dimension chart (log scale)
     assert page.locator('[data-testid="stSelectbox"]').count() >= 2
-    titles = page.locator(CHART + " .ytitle").all_text_contents()
-    assert sum("log scale" in t for t in titles) >= 2
+    page.wait_for_function("() => [...document.querySelectorAll('.js-plotly-plot .ytitle')]"
+                           ".filter(e => e.textContent.includes('log scale')).length >= 2")
 
 
 def test_each_error_is_one_full_width_sentence(page, streamlit_url, tmp_path):
@@ -85,7 +90,7 @@ def test_each_error_is_one_full_width_sentence(page, streamlit_url, tmp_path):
     page.get_by_label("Model B directory").press("Enter")
     page.wait_for_selector(ERROR)
     wait_idle(page)
-    text = page.inner_text(ERROR)
+    text = error_text(page)
     assert text == f"Model A directory {empty} is empty: a model directory holds config.json and the weights."
     # full width: the box spans the main column, not the narrow run panel
     main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
@@ -96,9 +101,10 @@ def test_each_error_is_one_full_width_sentence(page, streamlit_url, tmp_path):
     page.goto(streamlit_url + "/symmetry")
     page.wait_for_selector('h1:has-text("Symmetry")')
     page.get_by_text("Model directory", exact=True).click()
-    page.get_by_label("Model directory").fill(str(empty))
-    page.get_by_label("Model directory").press("Enter")
+    field = page.get_by_role("textbox", name="Model directory")
+    field.fill(str(empty))
+    field.press("Enter")
     page.wait_for_selector(ERROR)
-    assert page.inner_text(ERROR) == f"Model directory {empty} is empty: a model directory holds config.json and " \
+    assert error_text(page) == f"Model directory {empty} is empty: a model directory holds config.json and " \
                                      "the weights."
     assert page.locator(EXC).count() == 0
