@@ -74,8 +74,9 @@ def test_element_npz_holds_the_permutations_and_maps(recs):
         assert str(z["residual.kind"]) == el["residual"]["kind"]
         res = "residual.perm" if "perm" in el["residual"] else "residual.matrix"
         assert np.array_equal(z[res], np.asarray(el["residual"][res.split(".")[1]]))
-        assert sorted(z.files) == sorted(
-            [f"layer{i}.{k}" for i, layer in enumerate(el["layers"]) for k in layer]
+        assert sorted(z.files) == sorted(  # nested fields (rope_scalars, mlp_similarity) one array per part
+            [f"layer{i}.{k}" + (f".{part}" if isinstance(v, dict) else "") for i, layer in enumerate(el["layers"])
+             for k, v in layer.items() for part in (v if isinstance(v, dict) else [None])]
             + [f"residual.{k}" for k in el["residual"]])
     back = json.loads(exports.element_json(rec))
     assert back["element"] == el and back["method"] == "weight" and back["classes"] == rec["alignment"]["classes"]
