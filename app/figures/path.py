@@ -83,7 +83,7 @@ def _curve_traces(record: dict, y: list[float], name: str, value_fmt: str, live:
     return [curve, line]
 
 
-def _legend_key(fig: go.Figure, barrier: bool) -> None:
+def legend_key(fig: go.Figure, barrier: bool) -> None:
     """Legend entries for what every curve carries: the chord, and (loss chart) the barrier bar."""
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="chord between the endpoints",
                              legendgroup=KEY_GROUP, line={"color": KEY_COLOUR, "width": 1, "dash": CHORD_DASH},
@@ -122,7 +122,7 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
     if every:
-        _legend_key(fig, barrier=True)
+        legend_key(fig, barrier=True)
     yaxis = {"title": {"text": f"Test loss ({unit}{', log scale' if log_y else ''})"}}
     if log_y:
         yaxis |= {"type": "log"}
@@ -140,7 +140,7 @@ def accuracy_figure(records: Sequence[dict], live: Sequence[dict] = (), title: s
         acc = [100 * a for a in r["accuracy"]]
         fig.add_traces(_curve_traces(r, acc, name, "accuracy %{y:.1f} %", is_live, highlight))
     if every:
-        _legend_key(fig, barrier=False)
+        legend_key(fig, barrier=False)
     fig.update_layout(yaxis={"title": {"text": "Test accuracy (%)"}, "ticksuffix": " %"}, **_common_layout(title))
     return fig
 

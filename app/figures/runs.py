@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.path import barrier_figure
+from app.figures.path import KEY_GROUP, barrier_figure, legend_key
 from app.figures.style import group_colour
 
 
@@ -36,10 +36,14 @@ def comparison_figure(records: Sequence[dict], labels: Sequence[str], title: str
     for k, (rec, label) in enumerate(zip(records, labels)):
         one = barrier_figure([rec], title=title, method_names={rec["method"]: label})
         for trace in one.data:
+            if trace.legendgroup == KEY_GROUP:  # the chord / barrier key: once for the chart, below
+                continue
             trace.legendgroup = f"run-{k}"  # one legend click hides a run's curve, chord and bar together
             if own_colours:
                 _recolour(trace, group_colour(k))
             fig.add_trace(trace)
         if k == 0:
             fig.layout = one.layout
+    if records:
+        legend_key(fig, barrier=True)
     return fig

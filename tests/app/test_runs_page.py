@@ -57,7 +57,7 @@ def label(at: AppTest, run_id: str) -> str:
 
 
 def curves(fig: dict) -> dict[str, list[float]]:
-    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True)}
+    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True) and t.get("legendgroup") != "key"}
 
 
 def test_an_empty_history_says_where_runs_will_appear(home):
@@ -101,7 +101,8 @@ def test_two_runs_of_one_method_stay_apart(kept, tiny_env):
     again = history.save_run({k: v for k, v in kept["lm_naive"].items() if k != "run"})
     at = runs_page()
     at.multiselect(key="runs_compare").select(kept["lm_naive"]["run"]["id"]).select(again["run"]["id"]).run()
-    data = [t for t in chart(at, "runs_compare_chart")["data"] if t.get("showlegend", True)]
+    data = [t for t in chart(at, "runs_compare_chart")["data"]
+            if t.get("showlegend", True) and t.get("legendgroup") != "key"]  # not the chord / barrier key
     assert len({t["name"] for t in data}) == 2
     assert len({t["line"]["color"] for t in data}) == 2  # same method, two colours
 
