@@ -41,7 +41,7 @@ from engine.symmetry import (
 __all__ = ["EXACT_TOL", "break_tests", "float64_copy", "invariance_checks", "jacobian_nullity", "reference_model",
            "rope_breaking"]
 
-EXACT_TOL = 1e-10  # relative logit change below which a float64 check counts as exact (DESIGN.md)
+EXACT_TOL = 1e-10  # relative logit change below which a float64 check counts as exact (docs/DESIGN.md section 10)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,7 +105,7 @@ def _rel(y: Tensor, y0: Tensor) -> float:
 
 
 def _residual_ready(arch: Arch, params: Params) -> tuple[Arch, Params, str]:
-    """The model in a form whose residual stream may be rotated (MATH.md section 3)."""
+    """The model in a form whose residual stream may be rotated (docs/MATH.md section 3)."""
     if arch.norm == "layernorm":
         a2, p2 = layernorm_to_rmsnorm(arch, params)
         return a2, p2, "after layernorm_to_rmsnorm"
@@ -118,7 +118,7 @@ def _residual_ready(arch: Arch, params: Params) -> tuple[Arch, Params, str]:
 
 
 def _translations(arch: Arch, params: Params, seed: int) -> dict[str, Params]:
-    """The additive symmetries the group dimension counts (MATH.md sections 1 and 3), one draw each."""
+    """The additive symmetries the group dimension counts (docs/MATH.md sections 1 and 3), one draw each."""
     gen = torch.Generator().manual_seed(seed)
     hkv, d, r, rep = arch.n_kv_heads, arch.d_head, arch.rotary_dim, arch.n_heads // arch.n_kv_heads
 
@@ -148,7 +148,7 @@ def _translations(arch: Arch, params: Params, seed: int) -> dict[str, Params]:
             p[f"{b}.b_O"] = params[f"{b}.b_O"] - shift.to(params[f"{b}.b_O"].dtype)
         out["value_bias_fold"] = p
     if arch.pe == "learned" and not arch.tied_embeddings:
-        # every input row is (embedding + position): shift one, unshift the other (MATH.md section 3)
+        # every input row is (embedding + position): shift one, unshift the other (docs/MATH.md section 3)
         p = dict(params)
         pos = params["embed.pos"].to(torch.float64).clone()
         c = rnd(arch.d_model)

@@ -1,6 +1,6 @@
 """The symmetry group's size from the architecture alone (no weights, so from a config.json too).
 
-- group dimension from the formulas of MATH.md sections 1-3, per component, per layer and in total;
+- group dimension from the formulas of docs/MATH.md sections 1-3, per component, per layer and in total;
 - the sinusoidal table's spectrum, whose rank fixes how many residual rotations stay exact.
 """
 
@@ -16,7 +16,7 @@ __all__ = ["group_dimension", "sinusoidal_spectrum"]
 
 
 # ---------------------------------------------------------------------------------------------
-# Group dimension from the formulas (MATH.md sections 1-3)
+# Group dimension from the formulas (docs/MATH.md sections 1-3, 6)
 
 
 def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
@@ -26,7 +26,7 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     the logits as the function (the log-softmax would add the head's constant-column gauge).
       qk   h_kv (r + (d - r)^2)   GL(d) without RoPE (r = 0), H(r) x GL(d - r) with it
       vo   h_kv d^2
-      key_bias    h_kv (d - r)   b_K + t on unrotated dims (MATH.md says h d without RoPE, 0 with)
+      key_bias    h_kv (d - r)   b_K + t on unrotated dims (per KV group: docs/MATH.md section 7)
       value_bias  h_kv d         b_V + t folded into b_O (needs b_O)
       mlp_scale   m              ReLU or SwiGLU
       residual_orth  D(D-1)/2    O(D); sinusoidal: only rotations fixing P_sin's row differences are exact
@@ -79,7 +79,7 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
 
 
 def sinusoidal_spectrum(n_pos: int, d_model: int, rtol: float = 1e-6) -> dict:
-    """Singular values of P_sin[:n_pos] (MATH.md section 3): rank, and how many are below rtol * sigma_max."""
+    """Singular values of P_sin[:n_pos] (docs/MATH.md section 3): rank, and how many are below rtol * sigma_max."""
     s = torch.linalg.svdvals(sinusoidal_table(n_pos, d_model, torch.float64))  # [min(T, D)]
     small = int((s < rtol * s[0]).sum())
     return {"n_pos": n_pos, "d_model": d_model, "singular_values": [float(v) for v in s],

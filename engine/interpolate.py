@@ -1,4 +1,4 @@
-"""Linear paths between two models and their loss barriers (MATH.md section 5).
+"""Linear paths between two models and their loss barriers (docs/MATH.md section 5).
 
 theta(lam) = (1 - lam) theta_A + lam theta_B, built into ONE preallocated work model: every grid
 point lerps the endpoint state dicts into the work model's existing tensors, so no module is

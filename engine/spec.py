@@ -1,4 +1,4 @@
-"""Symmetry specs as data: which group acts on which axis of which parameter (MATH.md sections 1-3).
+"""Symmetry specs as data: which group acts on which axis of which parameter (docs/MATH.md sections 1-3).
 
 A spec is built from an `Arch` (engine/models/base.py) and validated against the canonical Params:
 every key is described (acted on, or declared invariant), every shape agrees with the Arch, and an
@@ -174,7 +174,7 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         if arch.norm_bias:
             out[f"{prefix}.b"] = ((D,), ((N,),))
 
-    # Embedding: every embedding is a residual writer (MATH.md section 3); learned PE too.
+    # Embedding: every embedding is a residual writer (docs/MATH.md section 3); learned PE too.
     if arch.task == "lm":
         out["embed.tok"] = ((arch.n_out, D), ((), (W,)))
     else:
@@ -206,7 +206,7 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         if arch.out_bias:
             out[f"{b}.attn.b_O"] = ((D,), ((W,),))
         norm(f"{b}.norm2")
-        scaled = arch.mlp in ("relu", "swiglu")  # MATH.md section 2: only these have a scaling group
+        scaled = arch.mlp in ("relu", "swiglu")  # docs/MATH.md section 2: only these have a scaling group
         up = (Pm, S) if scaled else (Pm,)
         out[f"{b}.mlp.W_in"] = ((D, m), ((Rd,), up))
         if arch.mlp_bias:
@@ -226,7 +226,7 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
 
 
 def norms_are_folded(arch: Arch, params: Params) -> bool:
-    """RMSNorm whose every gain is exactly 1: the residual stream may be rotated (MATH.md section 3)."""
+    """RMSNorm whose every gain is exactly 1: the residual stream may be rotated (docs/MATH.md section 3)."""
     if arch.norm != "rmsnorm":
         return False
     return all(bool((v == 1).all()) for k, v in params.items() if k.endswith(".g"))
@@ -284,7 +284,7 @@ def build_spec(arch: Arch, params: Params) -> Spec:
     requires: dict[str, str] = {}
     if a.norm == "layernorm":
         requires["residual_orth"] = ("LayerNorm does not commute with rotations: rewrite the model with "
-                                     "layernorm_to_rmsnorm first (MATH.md section 3)")
+                                     "layernorm_to_rmsnorm first (docs/MATH.md section 3)")
     elif not folded:
         requires["residual_orth"] = "the RMSNorm gains are not folded into the readers: call fold_norms first"
     return Spec(arch, groups, specs, kinds, approximate_kinds(a), requires, folded)

@@ -1,4 +1,4 @@
-"""Function-preserving rewrites of a model's parameters (MATH.md section 3).
+"""Function-preserving rewrites of a model's parameters (docs/MATH.md section 3).
 
 - `fold_norms` moves RMSNorm gains into the readers after each norm (all gains become 1);
 - `layernorm_to_rmsnorm` rewrites a LayerNorm model as an RMSNorm model of the reference family;
@@ -57,7 +57,7 @@ def _copy(params: Params) -> Params:
 
 
 def fold_norms(arch: Arch, params: Params) -> tuple[Arch, Params]:
-    """Move every RMSNorm gain into the readers after it; all gains become 1 (MATH.md section 3).
+    """Move every RMSNorm gain into the readers after it; all gains become 1 (docs/MATH.md section 3).
 
     RMSNorm(x) W = (x / rms(x)) diag(g) W, so the readers absorb diag(g) exactly. Tied embeddings are
     untied when the final gain is not all ones (the unembedding becomes diag(g) E^T while E, a writer,
@@ -95,7 +95,7 @@ def fold_norms_(arch: Arch, params: Params) -> tuple[Arch, Params]:
 
 
 def layernorm_to_rmsnorm(arch: Arch, params: Params) -> tuple[Arch, Params]:
-    """Rewrite a LayerNorm model as an RMSNorm model of the reference family (MATH.md section 3).
+    """Rewrite a LayerNorm model as an RMSNorm model of the reference family (docs/MATH.md section 3).
 
     Every writer is centred (W <- W (I - 11^T/D)), so the residual stream has zero mean and
     LayerNorm(x) = RMSNorm(x) with the same eps; the gain is folded into the readers (diag(g) W) and

@@ -1,7 +1,7 @@
-"""Group elements and their actions on canonical Params (MATH.md sections 1-3): identity, sample,
+"""Group elements and their actions on canonical Params (docs/MATH.md sections 1-3): identity, sample,
 apply, invert, compose, membership.
 
-Convention (MATH.md section 1), theta -> g.theta, new index i takes old index sigma(i):
+Convention (docs/MATH.md, notation and section 1), theta -> g.theta, new index i takes old index sigma(i):
 
     W_Q^i <- W_Q^{sigma(i)} A_{c(i)}        b_Q^i <- b_Q^{sigma(i)} A_{c(i)}      c(i) = KV group of head i
     W_K^c <- W_K^{tau(c)} A_c^{-T}          b_K^c <- b_K^{tau(c)} A_c^{-T}        tau = induced KV permutation
@@ -13,7 +13,7 @@ Convention (MATH.md section 1), theta -> g.theta, new index i takes old index si
 The per-parameter bookkeeping comes from the spec (engine/spec.py); this file only knows how each
 role transforms an axis. A `GroupElement` restricted to some kinds is the identity on the others.
 
-Residual rotations need the norms out of the way first (MATH.md section 3; engine/surgery.py does
+Residual rotations need the norms out of the way first (docs/MATH.md section 3; engine/surgery.py does
 that). Residual permutations do not: gains and LayerNorm biases are permuted along.
 """
 
@@ -52,7 +52,7 @@ LOG_SPREAD = 0.5
 
 @dataclass(frozen=True, eq=False)
 class LayerElement:
-    """One block's part of a group element (MATH.md sections 1 and 2)."""
+    """One block's part of a group element (docs/MATH.md sections 1 and 2)."""
 
     head_perm: Tensor  # [h] new query head i takes old head head_perm[i]
     qk: Tensor  # [h_kv, d, d] A per KV group (indexed by the new group)
@@ -68,7 +68,7 @@ class LayerElement:
         rep = h // hkv
         if self.kv_perm is None:
             object.__setattr__(self, "kv_perm", self.head_perm[::rep] // rep)  # [h_kv]
-        # GQA (MATH.md section 1): the query heads of new group c must all come from old group tau(c)
+        # GQA (docs/MATH.md section 1): the query heads of new group c must all come from old group tau(c)
         if not torch.equal(self.head_perm // rep, self.kv_perm.repeat_interleave(rep)):
             raise SpecError("head_perm moves query heads between KV groups, which is not a symmetry of "
                             "grouped-query attention; permute whole groups and heads within a group.")
@@ -108,7 +108,7 @@ def random_gl(n: int, k: int, gen: torch.Generator) -> Tensor:
 
 
 def rope_commutant(z: Tensor, layout: str, d: int) -> Tensor:
-    """The Q/K map that multiplies RoPE pair j by the complex scalar z_j (MATH.md section 1).
+    """The Q/K map that multiplies RoPE pair j by the complex scalar z_j (docs/MATH.md section 1).
 
     z [..., r/2] complex -> A [..., d, d] real: on pair (i1_j, i2_j) of reference.rope_pairs(r, layout)
     the block a_j I + b_j J (row-vector form [[a, b], [-b, a]]), so q A scales and rotates the pair as
@@ -127,7 +127,7 @@ def rope_commutant(z: Tensor, layout: str, d: int) -> Tensor:
 
 
 def _sample_qk(arch: Arch, gen: torch.Generator) -> Tensor:
-    """A per KV group: GL(d) without RoPE, H(r) x GL(d - r) with it (MATH.md section 1 table)."""
+    """A per KV group: GL(d) without RoPE, H(r) x GL(d - r) with it (docs/MATH.md section 1)."""
     hkv, d = arch.n_kv_heads, arch.d_head
     if arch.pe != "rope":
         return random_gl(d, hkv, gen)
@@ -141,7 +141,7 @@ def _sample_qk(arch: Arch, gen: torch.Generator) -> Tensor:
 
 
 def _sample_head_perm(h: int, hkv: int, gen: torch.Generator) -> Tensor:
-    """Permute the KV groups, then the query heads within each group (MATH.md section 1, GQA)."""
+    """Permute the KV groups, then the query heads within each group (docs/MATH.md section 1, GQA)."""
     rep = h // hkv
     groups = torch.randperm(hkv, generator=gen)  # [h_kv]
     within = torch.stack([torch.randperm(rep, generator=gen) for _ in range(hkv)])  # [h_kv, rep]
@@ -179,7 +179,7 @@ def sample(arch: Arch, kinds: Iterable[str] = KINDS, seed: int = 0, dtype: torch
         scale = el.mlp_scale
         if "mlp_scale" in kinds and arch.mlp in ("relu", "swiglu"):
             scale = ((torch.rand(m, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD).exp()  # [m]
-            if arch.mlp == "swiglu":  # MATH.md section 2: any nonzero scale on the up branch
+            if arch.mlp == "swiglu":  # docs/MATH.md section 2: any nonzero scale on the up branch
                 scale = scale * (torch.randint(0, 2, (m,), generator=gen) * 2 - 1)
         layers.append(LayerElement(head_perm, qk.to(dtype), vo.to(dtype), mlp_perm, scale.to(dtype)))
     residual = base.residual
@@ -242,17 +242,17 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
             off = (A - rope_commutant_part(A, arch.rope_layout, arch.rotary_dim)).abs().max()
             if float(off) > tol * float(A.abs().max()):
                 raise SpecError(f"Layer {i}: the qk map does not commute with the {arch.rope_layout} RoPE rotations "
-                                "(it must be one complex scalar per frequency pair, MATH.md section 1).")
+                                "(it must be one complex scalar per frequency pair, docs/MATH.md section 1).")
         s = el.mlp_scale
         if arch.mlp == "relu" and not bool((s > 0).all()):
-            raise SpecError(f"Layer {i}: ReLU neurons only allow positive scales (MATH.md section 2).")
+            raise SpecError(f"Layer {i}: ReLU neurons only allow positive scales (docs/MATH.md section 2).")
         if arch.mlp == "swiglu" and not bool((s != 0).all()):
             raise SpecError(f"Layer {i}: SwiGLU up-branch scales must be nonzero.")
         if arch.mlp not in ("relu", "swiglu") and not bool(((s - 1).abs() <= tol).all()):
-            raise SpecError(f"Layer {i}: a {arch.mlp} MLP has no neuron scaling symmetry (MATH.md section 2).")
+            raise SpecError(f"Layer {i}: a {arch.mlp} MLP has no neuron scaling symmetry (docs/MATH.md section 2).")
     O = g.residual.to(torch.float64)
     if float((O.T @ O - torch.eye(O.shape[0], dtype=O.dtype)).abs().max()) > tol:
-        raise SpecError("The residual map is not orthogonal; only O(D) preserves the norms (MATH.md section 3).")
+        raise SpecError("The residual map is not orthogonal; only O(D) preserves the norms (docs/MATH.md section 3).")
     if not _is_perm_matrix(O) and "residual_orth" in spec.requires:
         raise SpecError(f"A residual rotation cannot be applied yet: {spec.requires['residual_orth']}.")
 
@@ -342,7 +342,7 @@ def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> 
 
 
 def apply(arch: Arch, g: GroupElement, params: Params, strict: bool = True) -> Params:
-    """g.theta as a new dict (MATH.md sections 1-3), each parameter computed in float64 at least.
+    """g.theta as a new dict (docs/MATH.md sections 1-3), each parameter computed in float64 at least.
 
     strict=True checks that g lies in this architecture's group (RoPE commutant, scale signs, an
     orthogonal residual map, norms folded for rotations) and raises SpecError otherwise; the break

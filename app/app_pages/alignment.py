@@ -15,7 +15,7 @@ from app.figures import alignment as alignment_figs
 from app.figures import style
 from engine import api
 
-# What each symmetry class lets an aligner change (MATH.md sections 1-3), in the reader's words.
+# What each symmetry class lets an aligner change (docs/MATH.md sections 1-3), in the reader's words.
 CLASS_INFO = {
     "heads": "which of B's attention heads plays each of A's heads",
     "mlp": "which of B's hidden MLP neurons plays each of A's neurons",
@@ -100,7 +100,7 @@ def classes_table(rec: dict) -> None:
 
 
 def unused_reason(c: str, used: list[str], arch: dict) -> str:
-    """Why a class is missing, for records without classes_left_out (MATH.md sections 2-3); '' otherwise."""
+    """Why a class is missing, for records without classes_left_out (docs/MATH.md sections 2-3); '' otherwise."""
     if c == "mlp_scale" and arch.get("mlp") and arch["mlp"] not in ("relu", "swiglu"):
         return f": not a symmetry of a {arch['mlp']} MLP"
     if c == "residual_perm" and "residual_orth" in used:
@@ -266,8 +266,8 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
         charts.show(alignment_figs.history_figure(d, method, unit, names), key="history_chart")
     ident = d.get("identity")
     if ident:
-        st.markdown("**Dual / one-sided identity** (MATH.md section 4). Every action is linear and exact, so the "
-                    "dual path's loss equals the one-sided loss of the relative transform g_A⁻¹ g_B at every λ.")
+        st.markdown("**Dual / one-sided identity** (docs/MATH.md section 4.5). Every action is linear and exact, "
+                    "so the dual path's loss equals the one-sided loss of the relative transform g_A⁻¹ g_B at every λ.")
         c = st.columns(3)
         c[0].metric("Loss, max relative gap", f"{ident['max_relative_error']:.1e}")
         c[1].metric("Logits, max relative gap", f"{ident.get('max_logit_relative_error', float('nan')):.1e}")

@@ -4,8 +4,8 @@ encoding shapes that group.
 Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2). With weights the engine
 checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
 the break tests (maps from larger groups that must change them); a config alone gives the group
-dimensions, instantly. All numbers come from `engine.report.symmetry_report` (MATH.md, with the
-corrections in docs/MATH_NOTES.md).
+dimensions, instantly. All numbers come from `engine.report.symmetry_report` (docs/MATH.md;
+section 7 for what the checks settled).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ decides much of it:
 """
 
 NOTES = """
-Corrections to the reference maths (docs/MATH_NOTES.md), all measured: a LayerNorm model keeps every rotation that
+What the checks settled (docs/MATH.md section 7), all measured: a LayerNorm model keeps every rotation that
 fixes the all-ones vector, not just permutations; the key-bias redundancy is h_kv (d − r) dimensions, per KV group
 under grouped-query attention; the learned-PE shift E + 1cᵀ, P − 1cᵀ is exact only with untied embeddings; a
 sinusoidal model with a context T ≤ D keeps an exact O(D − T + 1); how much the wrong RoPE pairing breaks depends

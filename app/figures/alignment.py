@@ -49,7 +49,7 @@ def _head_heatmap(perm: Sequence[int], colour: str, unit: str = "head") -> go.He
 def gqa_blocks(perm: Sequence[int], n_kv_heads: int) -> list[tuple[int, int, int]]:
     """(A's KV group c, B's KV group it takes, heads per group) for grouped-query attention; [] without.
 
-    Query heads may only move with their KV group (MATH.md section 1), so every one of the permutation
+    Query heads may only move with their KV group (docs/MATH.md section 1), so every one of the permutation
     sits inside the block of group c's rows and group tau(c)'s columns.
     """
     h = len(perm)
@@ -290,7 +290,7 @@ def matching_cost_figure(cost: dict, method: str = "weight", method_name: str = 
 
 
 def rope_frequency(j: int, rotary_dim: int, base: float) -> float:
-    """omega_j = base^(-2j/r) (MATH.md section 1; RoFormer's frequencies)."""
+    """omega_j = base^(-2j/r) (docs/MATH.md section 1; RoFormer's frequencies)."""
     return base ** (-2 * j / rotary_dim)
 
 

@@ -25,7 +25,7 @@ def chord(lambdas: Sequence[float], y: Sequence[float]) -> list[float]:
 
 
 def barrier_point(record: dict) -> tuple[float, float, float]:
-    """(λ, loss, chord value) where the loss rises furthest above the chord (MATH.md section 5)."""
+    """(λ, loss, chord value) where the loss rises furthest above the chord (docs/MATH.md section 5)."""
     lam, loss = record["lambdas"], record["loss"]
     c = chord(lam, loss)
     i = max(range(len(lam)), key=lambda j: loss[j] - c[j])

@@ -1,4 +1,4 @@
-"""Aligners: one file each, one registry (DESIGN.md). Each moves model B onto model A.
+"""Aligners: one file each, one registry (docs/DESIGN.md section 3). Each moves model B onto model A.
 
     naive       no alignment (the baseline)
     weight      data-free coordinate descent on ||theta_A - g.theta_B||^2
@@ -37,12 +37,12 @@ class Method:
 METHODS: dict[str, Method] = {m.name: m for m in [
     Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive, False),
     Method("weight", "Weight matching", "Git Re-Basin (ICLR 2023), extended to heads, "
-           "within-head maps and the residual stream (MATH.md section 4)", align_weights, False),
+           "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights, False),
     Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
            align_activations, True),
     Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
            "estimator", align_learned, True, DEFAULT_STEPS),
-    Method("dual", "Dual learned matching", "MATH.md section 4: both endpoints learn toward the shared path",
+    Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
            align_dual, True, DEFAULT_STEPS),
 ]}
 

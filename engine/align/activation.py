@@ -1,5 +1,5 @@
 """Activation matching: the weight-matching assignments, scored on activations over a data batch
-(MATH.md section 4; "Git Re-Basin", ICLR 2023, activation matching).
+(docs/MATH.md section 4.3; "Git Re-Basin", ICLR 2023, activation matching).
 
 Both models see the same training batch. Everything used is invariant to the transforms it is not
 solving for, so one pass suffices (no coordinate descent):

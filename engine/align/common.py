@@ -1,8 +1,8 @@
 """What every aligner shares: the classes it may use, the prepared pair, data, and diagnostics.
 
 An aligner moves model B onto model A: it returns a group element g with g.theta_B close to
-theta_A (MATH.md section 4), and the path is then theta_A -> g.theta_B. Residual rotations need the
-norms out of the way (MATH.md section 3), so `prepare_pair` folds RMSNorm gains into the readers, or
+theta_A (docs/MATH.md section 4), and the path is then theta_A -> g.theta_B. Residual rotations need the
+norms out of the way (docs/MATH.md section 3), so `prepare_pair` folds RMSNorm gains into the readers, or
 rewrites LayerNorm as RMSNorm, in BOTH models before any aligner runs; each endpoint still computes
 its original function, but interpolation then happens in the folded coordinates (the gains
 interpolate inside the readers), which is the path the rotation group acts on.

@@ -1,5 +1,5 @@
 """Learned matching: optimise the transform on the task loss of the interpolated model
-(MATH.md section 4; "Git Re-Basin", ICLR 2023, straight-through estimator).
+(docs/MATH.md section 4.4; "Git Re-Basin", ICLR 2023, straight-through estimator).
 
     min over latents  E_{lam ~ U(0.4, 0.6)}  L((1 - lam) theta_A + lam g(theta_B))   (lam: `Settings.lambdas`)
 
@@ -29,8 +29,8 @@ apply (tests/engine/test_align.py). The forward pass is torch.func.functional_ca
 reference-family twin (common.twin). The element returned is always the hard, exact one: the best
 seen on a fixed validation batch (midpoint loss), the weight-matching start included.
 
-Cost, so that GPT-2-small (124M) fits (DESIGN.md, Scale): latents and products in the model's
-dtype (float32 models: float32; float64 models stay float64 for exactness tests); MLP latents on
+Cost, so that GPT-2-small (124M) fits (docs/DESIGN.md section 5, docs/SCALE.md): latents and products
+in the model's dtype (float32 models: float32; float64 models stay float64 for exactness tests); MLP latents on
 candidate graphs (a dense 3072 x 3072 latent per layer, with its gradient and Adam moments, was 14x
 one model at GPT-2-small); each parameter's chain of actions under activation checkpointing; the
 solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
@@ -627,7 +627,7 @@ def tensor_bytes(ts) -> int:
 
 
 def relative(arch: Arch, g_a: GroupElement | None, g_b: GroupElement) -> GroupElement:
-    """g_A^{-1} g_B: what the dual pair does to B seen from A's frame (MATH.md section 4)."""
+    """g_A^{-1} g_B: what the dual pair does to B seen from A's frame (docs/MATH.md section 4.5)."""
     return g_b if g_a is None else compose(arch, invert(arch, g_a), g_b)
 
 

@@ -1,9 +1,9 @@
 """Align one pair end to end: choose the classes, prepare the pair, run a method, check exactness.
 
-The exactness guard (MATH.md section 5, endpoint check): B moved onto A must compute the function
+The exactness guard (docs/MATH.md section 5, endpoint check): B moved onto A must compute the function
 B computed, so its held-out loss must equal B's up to float error. A violation raises
 ExactnessError; it is never a warning. The one exception is a class the spec marks approximate
-(residual maps under a fixed sinusoidal PE, MATH.md section 3): there the change is measured and
+(residual maps under a fixed sinusoidal PE, docs/MATH.md section 3): there the change is measured and
 reported, the rest of the transform is still checked strictly, and the user can leave the class out.
 """
 

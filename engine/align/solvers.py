@@ -1,4 +1,4 @@
-"""The small exact problems every aligner reduces to (MATH.md section 4), as pure functions.
+"""The small exact problems every aligner reduces to (docs/MATH.md section 4.1), as pure functions.
 
 Each solver moves B onto A: it returns the transform that, applied to B's rows, best matches A's.
 Row stacks are `[N, k]` matrices whose rows are samples (weight rows or activations) and whose
@@ -53,7 +53,7 @@ def assignment(score: Tensor) -> Tensor:
 
 
 def gqa_assignment(score: Tensor, rep: int) -> Tensor:
-    """Best head perm [h] that maps KV groups to KV groups (MATH.md section 1, grouped-query).
+    """Best head perm [h] that maps KV groups to KV groups (docs/MATH.md section 1, grouped-query attention).
 
     The value of sending B's group c' to A's group c is itself an assignment of their `rep` query
     heads; the outer assignment over groups then uses those values. With rep == 1 (or one group)
@@ -133,7 +133,7 @@ def procrustes(M: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# GL(d): Q/K and V/O maps of a head (MATH.md section 4, "Within head")
+# GL(d): Q/K and V/O maps of a head (docs/MATH.md section 4.1, within-head maps)
 
 
 def gl_objective(A: Tensor, P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor) -> Tensor:
@@ -273,7 +273,7 @@ def complex_pairs(X: Tensor, layout: str, r: int) -> Tensor:
 def fit_rope(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, layout: str, r: int) -> Tensor:
     """z [n, r/2] complex: the H(r) part of the Q/K map, q_j <- z_j q_j and k_j <- k_j / conj(z_j).
 
-    Per pair (MATH.md section 4), with c_q = <q_A, q_B>, c_k = <k_A, k_B> (Hermitian, conjugating A):
+    Per pair (docs/MATH.md section 4.1), with c_q = <q_A, q_B>, c_k = <k_A, k_B> (Hermitian, conjugating A):
     the cross terms are 2 Re(e^{i phi} (r c_q + c_k / r)), so phi* = -arg(r c_q + c_k / r) in closed
     form, and r minimises f(r) = r^2 ||q_B||^2 + ||k_B||^2 / r^2 - 2 |r c_q + c_k / r|, found by a coarse
     grid on log r (f need not be unimodal) refined with Brent's method.
@@ -319,7 +319,7 @@ def rope_scalars(A: Tensor, layout: str, r: int) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-neuron scales (ReLU: s > 0; SwiGLU up branch: s != 0), MATH.md section 2
+# Per-neuron scales (ReLU: s > 0; SwiGLU up branch: s != 0), docs/MATH.md section 2
 
 
 def fit_scale(a_in: Tensor, b_in: Tensor, a_out: Tensor, b_out: Tensor, positive: bool) -> Tensor:

@@ -1,4 +1,4 @@
-"""Weight matching: data-free coordinate descent on ||theta_A - g.theta_B||^2 (MATH.md section 4).
+"""Weight matching: data-free coordinate descent on ||theta_A - g.theta_B||^2 (docs/MATH.md section 4.2).
 
 One sweep solves every per-layer problem given the residual map Omega, then Omega given the
 per-layer transforms, and sweeps repeat until no permutation changes and Omega stops moving:
@@ -110,7 +110,7 @@ def head_cost(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
 
 def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:
     """sum_i W_Q^i W_K^iT, sum_i W_V^i W_O^i and W_in W_out [D, D]: invariant to every per-layer
-    transform of MATH.md sections 1-2, and conjugated by the residual map (Omega^T X Omega)."""
+    transform of docs/MATH.md sections 1-2, and conjugated by the residual map (Omega^T X Omega)."""
     b, rep = f"blocks.{layer}", arch.n_heads // arch.n_kv_heads
     w = {k: p[f"{b}.{k}"].detach().to("cpu", wd) for k in ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O",
                                                             "mlp.W_in", "mlp.W_out")}
@@ -222,7 +222,7 @@ def residual_axes(spec: Spec, with_norms: bool) -> dict[str, int]:
     """Every parameter the residual map acts on, with its residual axis.
 
     Writers (W Omega) and readers (Omega^{-1} W = Omega^T W, i.e. the rows of W^T times Omega) both
-    move as rows times Omega along their residual axis once Omega is orthogonal (MATH.md section 3).
+    move as rows times Omega along their residual axis once Omega is orthogonal (docs/MATH.md section 3).
     Norm gains follow only permutations (they are folded away before any rotation).
     """
     return {key: axis for key, axis, a in spec.axes_of("residual") if with_norms or a.role != "norm"}
@@ -300,7 +300,7 @@ def _moved(spec: Spec, mats: dict, block: Params) -> Params:
 
 def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
                      progress: Progress | None = None, cancel: CancelToken | None = None) -> tuple[Tensor, dict]:
-    """Omega from what no per-layer transform touches (MATH.md section 4; see the module docstring).
+    """Omega from what no per-layer transform touches (docs/MATH.md section 4.2; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
     the invariant circuits sum_i M_i, sum_i N_i, W_in W_out per layer, linearised around the current

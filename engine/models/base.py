@@ -3,7 +3,7 @@
 Canonical layout
 ----------------
 Every adapter converts its native weights, once, to one head-explicit, row-vector (`x @ W`) layout,
-the `Params` dict that symmetry specs, group actions and aligners work on (MATH.md notation):
+the `Params` dict that symmetry specs, group actions and aligners work on (docs/MATH.md, notation):
 
     embed.tok        [V, D]      token embedding (LM)
     embed.patch.W    [P, D]      patch embedding, P = C * p * p (ViT); embed.patch.b [D]

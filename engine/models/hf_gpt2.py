@@ -1,7 +1,7 @@
 """HF GPT-2 (`transformers.GPT2LMHeadModel`): learned absolute PE, LayerNorm, tanh-GELU MLP.
 
 Native layout quirks the canonical conversion undoes:
-- `Conv1D` stores weights in x out, i.e. already the row-vector `x @ W` orientation of MATH.md;
+- `Conv1D` stores weights in x out, i.e. already the row-vector `x @ W` orientation of docs/MATH.md;
 - `c_attn` is one fused [D, 3D] projection whose columns are Q | K | V, each head-major;
 - `gelu_new` is the tanh approximation of GELU (same formula as torch's approximate="tanh");
 - the unembedding is tied to `wte` by default (one shared Parameter), so the canonical params then

@@ -2,7 +2,7 @@
 
 Native layout quirks the canonical conversion undoes:
 - `nn.Linear` stores out x in, so every projection is transposed to the row-vector `x @ W` form;
-- `rotate_half` pairs coordinate j with j + d/2 (MATH.md section 1): Arch.rope_layout "half";
+- `rotate_half` pairs coordinate j with j + d/2 (docs/MATH.md section 1): Arch.rope_layout "half";
 - grouped-query attention: k_proj/v_proj have n_kv_heads heads, query head i reads KV head
   i // (n_heads / n_kv_heads) (HF's repeat_kv), the same convention as the reference family;
 - SwiGLU `down(silu(gate(x)) * up(x))`: gate_proj -> W_gate, up_proj -> W_in, down_proj -> W_out.

@@ -132,7 +132,7 @@ def rope_frequencies(rot_dim: int, base: float) -> torch.Tensor:
 
 
 def rope_pairs(rot_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices (first, second) of the coordinates of each frequency pair j (MATH.md section 1)."""
+    """Indices (first, second) of the coordinates of each frequency pair j (docs/MATH.md section 1)."""
     j = torch.arange(rot_dim // 2)
     if layout == "interleaved":
         return 2 * j, 2 * j + 1  # (2j, 2j+1): RoFormer, GPT-J

@@ -1,4 +1,4 @@
-"""The Connectivity page under streamlit's AppTest (no browser), recipe in BROWSER_TESTS.md.
+"""The Connectivity page under streamlit's AppTest (no browser), recipe in docs/DESIGN.md section 10.
 
 Most tests run on the tiny stand-in zoo and store (tiny_zoo.py); one checks the committed
 cached_results/ when they hold a record.

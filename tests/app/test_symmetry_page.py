@@ -39,7 +39,7 @@ def test_presets_count_dimensions_from_the_config_alone():
     at = page("preset")
     assert at.title[0].value == "Symmetry"
     assert at.selectbox(key="sym_preset").value == "GPT-2 small"
-    # h (d^2 + d^2) + key-bias h d + value-bias h d = 12 (2 * 64^2 + 2 * 64) (MATH.md section 1)
+    # h (d^2 + d^2) + key-bias h d + value-bias h d = 12 (2 * 64^2 + 2 * 64) (docs/MATH.md section 1)
     assert metrics(at)["Attention per layer"] == "99,840"
     assert not at.status  # no weights, nothing to wait for
     with pytest.raises(KeyError):

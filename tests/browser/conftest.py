@@ -1,4 +1,4 @@
-"""Real-browser fixtures (recipe: BROWSER_TESTS.md): one streamlit server per session on a free
+"""Real-browser fixtures (recipe: docs/DESIGN.md section 10): one streamlit server per session on a free
 127.0.0.1 port, and Debian's Chromium driven by Playwright (never `playwright install`)."""
 
 import importlib.util

@@ -1,5 +1,5 @@
 """Model-family adapters: checkpoint round trips, canonical round trips, and the canonical layout
-proved against the reference family (MATH.md notation, engine/models/base.py layout).
+proved against the reference family (docs/MATH.md notation, engine/models/base.py layout).
 
 All float64, tiny in-process models (2 layers, D 32, 4 heads); nothing is downloaded. Every
 parameter, biases and norm gains included, is randomised so that a layout mistake shows up in

@@ -1,4 +1,4 @@
-"""Aligners (MATH.md section 4): planted solutions per family, the exactness guard, class ablation,
+"""Aligners (docs/MATH.md section 4): planted solutions per family, the exactness guard, class ablation,
 learned / dual against weight matching on briefly trained models, the dual identity, the CLI.
 
 Tiny float64 models (2 layers, D 32, 4 heads) unless a test trains; nothing is downloaded.

@@ -399,7 +399,7 @@ def test_symmetry_dims_only_from_a_pythia_config(tmp_path: Path, capsys):
     assert (a["d_head"], a["rotary_dim"], a["rope_layout"], a["d_mlp"], a["n_out"]) == (d, r, "half", m, c["vocab_size"])
     assert a["parallel_residual"] and a["norm"] == "layernorm" and not a["tied_embeddings"]
     by = rep["group_dim"]["by_kind"]
-    assert by["qk"] == L * h * (r + (d - r) ** 2)  # H(r) x GL(d - r) per head (MATH.md section 1)
+    assert by["qk"] == L * h * (r + (d - r) ** 2)  # H(r) x GL(d - r) per head (docs/MATH.md section 1)
     assert by["vo"] == L * h * d * d and by["residual_orth"] == D * (D - 1) // 2
     assert by["key_bias"] == L * h * (d - r) and by["value_bias"] == L * h * d
     assert len(rep["rope"]) == r // 2

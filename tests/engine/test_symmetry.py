@@ -56,7 +56,7 @@ def max_diff(p, q) -> float:
 
 
 def ready(arch, params, kind):
-    """The model in a form the kind may act on: residual rotations need folded norms (MATH.md section 3)."""
+    """The model in a form the kind may act on: residual rotations need folded norms (docs/MATH.md section 3)."""
     if kind != "residual_orth":
         return arch, params
     return layernorm_to_rmsnorm(arch, params) if arch.norm == "layernorm" else fold_norms(arch, params)

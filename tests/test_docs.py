@@ -1,0 +1,102 @@
+"""References from the code to the project's documents: every `docs/MATH.md section N` (or `§N`), every
+`docs/DESIGN.md section N` names a file that exists and a numbered heading it has, and every other `*.md`
+the code mentions exists in the repository. Paths are relative to the repository root, or to the
+referring file's folder (a document in docs/ may say SCALE.md); a bare MATH.md in the code points
+outside the repository."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = [p for d in ("engine", "app", "tests", "bench") for p in sorted((ROOT / d).rglob("*.py"))
+           if p != Path(__file__).resolve()]  # this file's examples are wrong on purpose
+SOURCES += [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+SECTIONED = ("MATH", "DESIGN")
+
+NUM = r"\d+(?:\.\d+)?"
+REF = re.compile(rf"(?P<path>(?:docs/)?(?P<doc>MATH|DESIGN)\.md)"
+                 rf"(?:\s*,?\s*(?P<notation>notation)(?:\s+and)?)?"
+                 rf"(?:\s*,?\s*(?:sections?\s+|§\s*)(?P<nums>{NUM}(?:\s*(?:-|,|and)\s*{NUM})*))?"
+                 rf"(?:\s*,\s*\"(?P<title>[^\"]+)\")?")
+MD = re.compile(r"[\w./-]*[\w-]\.md\b")
+
+
+def headings(doc: Path) -> list[str]:
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,4}\s+(.+)$", doc.read_text(), re.MULTILINE)]
+
+
+def numbers(spec: str) -> list[str]:
+    """'1-3, 6' -> ['1', '2', '3', '6']; '4.5' -> ['4.5']."""
+    out: list[str] = []
+    for part in re.split(r"\s*(?:,|and)\s*", spec.strip()):
+        lo, _, hi = part.partition("-")
+        if hi and "." not in lo + hi:
+            out += [str(i) for i in range(int(lo), int(hi) + 1)]
+        else:
+            out += [p.strip() for p in (lo, hi) if p.strip()]
+    return out
+
+
+def resolve(name: str, here: Path, root: Path = ROOT) -> Path | None:
+    """The document `name` names, from the repository root or from the folder `here`; None if neither."""
+    return next((p for p in (root / name, here / name) if p.is_file()), None)
+
+
+def problems(text: str, where: str, here: Path = ROOT) -> list[str]:
+    """Every reference in `text` (a file in folder `here`) that names no existing document or section."""
+    bad = []
+    for m in REF.finditer(text):
+        doc = resolve(m.group("path"), here)
+        if doc is None and not m.group("path").startswith("docs/"):
+            bad.append(f"{where}: {m.group(0)!r} does not say docs/, so it names a file outside the repository")
+            continue
+        if doc is None:
+            bad.append(f"{where}: {m.group('path')} does not exist")
+            continue
+        heads = headings(doc)
+        if m.group("notation") and not any(h.lower().startswith("notation") for h in heads):
+            bad.append(f"{where}: {m.group('path')} has no Notation heading")
+        for n in numbers(m.group("nums") or ""):
+            if not any(re.match(rf"{re.escape(n)}[.\s]", h) for h in heads):
+                bad.append(f"{where}: {m.group('path')} has no section {n}")
+        if m.group("title") and not any(m.group("title").lower() in h.lower() for h in heads):
+            bad.append(f"{where}: {m.group('path')} has no heading {m.group('title')!r}")
+    for m in MD.finditer(text):
+        name = m.group(0)
+        if resolve(name, here) is None and not REF.fullmatch(name):  # REF's own misses are reported above
+            bad.append(f"{where}: {name} does not exist")
+    return bad
+
+
+def test_every_document_reference_names_an_existing_file_and_section():
+    found = {doc: 0 for doc in SECTIONED}
+    bad = []
+    for p in SOURCES:
+        text = p.read_text(encoding="utf-8")
+        for m in REF.finditer(text):
+            found[m.group("doc")] += 1
+        bad += problems(text, str(p.relative_to(ROOT)), p.parent)
+    assert all(found.values()), found  # the code does point at both documents
+    assert not bad, "\n".join(bad)
+
+
+def test_the_merged_notes_are_gone_and_nothing_points_at_them():
+    assert not (ROOT / "docs" / "MATH_NOTES.md").exists()
+    assert not [p for p in SOURCES if "MATH_NOTES" in p.read_text(encoding="utf-8")]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("see docs/MATH.md section 4.2", 0),
+    ("see docs/MATH.md sections 1-3, 6 and 7", 0),
+    ('docs/MATH.md section 4.1, "Within head"', 1),  # no heading of that name
+    ("docs/MATH.md section 99", 1),
+    ("docs/MATH.md sections 6-9", 2),  # 8 and 9
+    ("docs/DESIGN.md §3", 0),
+    ("(MATH.md section 1)", 1),  # bare: outside the repository
+    ("docs/NOWHERE.md", 1),
+    ("docs/MATH.md, notation", 0),
+])
+def test_the_checker_catches_what_it_should(text, expected):
+    assert len(problems(text, "example")) == expected, problems(text, "example")
