@@ -16,7 +16,7 @@ The doubled head's attention scale 1/sqrt(2d) is turned back into the endpoints'
 factor sqrt(2) on the queries. Embeddings, norms, MLPs, output biases and the head lerp as on the
 weight path. At lam = 0 and 1 the model computes the endpoints; in between it depends on each head
 only through its circuits, so it is unchanged by any within-head map of either endpoint (the Q/K
-and V/O groups of docs/MATH_NOTES.md), which the weight path is not.
+and V/O groups of docs/MATH.md section 1), which the weight path is not.
 
 RoPE: the score of query t and key s is q_t R_{s-t} k_s^T with one rotation frequency per pair, so
 each half of the doubled head must rotate with the endpoints' own frequencies. The work model's
