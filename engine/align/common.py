@@ -77,7 +77,7 @@ def choose_classes(arch: Arch, method: str, asked: tuple[str, ...] | list[str] |
     The default: every exact kind of the architecture, the residual stream as a rotation (O(D) contains
     the permutations) after folding RMSNorm gains or rewriting LayerNorm as RMSNorm (prepare_pair),
     which every aligner supports. Where no rewrite is possible the residual stream is permuted instead.
-    Under a fixed sinusoidal PE no residual map is exact (MATH.md section 3), and both are left out:
+    Under a fixed sinusoidal PE no residual map is exact (docs/MATH.md section 3), and both are left out:
     measured on the sinusoidal zoo LM pair, either map lowers the barrier over the chord only because
     it ruins the moved B (its loss rises 3-4 fold, bench/RESULTS.md), so the path no longer ends at the
     model B. The naive baseline uses no class.
