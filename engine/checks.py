@@ -221,7 +221,7 @@ def table_fixing_rotation(arch: Arch, seed: int, rtol: float = SINUSOIDAL_RTOL,
     sinusoidal table P [T, D] up to its directions below rtol * sigma_max, or None when no direction is free.
 
     The model adds P to the residual stream without rotating it, so Omega is a symmetry exactly when
-    P Omega = P: Omega is the identity on the rows' span and any rotation on its complement (MATH.md
+    P Omega = P: Omega is the identity on the rows' span and any rotation on its complement (docs/MATH.md
     section 3). `free` directions are rotated; `barely` of them are reached by P below rtol (their
     rotation changes the output at about that level), the rest not at all (exact). `table` is the model's
     own P when it holds one (a float32 buffer differs from the float64 formula by float32 rounding).
@@ -308,7 +308,7 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
         out.append(("residual_gl", f"GL({arch.d_model}) on the residual stream", a2,
                     act(GroupElement(identity(a2).layers, M), a2, p2),
                     note))
-        if arch.pe == "sinusoidal":  # any rotation or permutation moves the fixed table (MATH.md section 3)
+        if arch.pe == "sinusoidal":  # any rotation or permutation moves the fixed table (docs/MATH.md section 3)
             D = arch.d_model
             O = random_orthogonal(D, 1, gen)[0]
             out.append(("residual_orth_any", f"a random rotation of O({D}): moves the sinusoidal table", a2,
