@@ -41,7 +41,7 @@ def test_in_place_alignment_equals_the_copying_one(name):
     moved = canonical(al.model_b)
     for k, v in ref.moved_params.items():
         assert torch.allclose(moved[k], v, rtol=0, atol=1e-12), k
-    assert al.costs_before == ref.costs_before
+    assert al.costs_before == pytest.approx(ref.costs_before, rel=1e-12)  # the rewrite in place rounds alike
     r = interpolate(al.model_a, al.model_b, es, points=3)
     assert abs(r["barrier"]) < 1e-8
     if al.model_b is b2:  # no rewrite into a twin: the caller's B itself was moved
