@@ -433,8 +433,8 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             stop = "fixed point (the residual map did not change)"
         elif not res_kinds:
             stop = "no residual map: one sweep solves every layer"
-        elif f <= terms.noise(wd):
-            stop = "objective at the rounding floor of the work dtype: B matches A"
+        elif wd != F64 and f <= terms.noise(wd):  # float64 runs on to the fixed point: its maps are exact
+            stop = "objective at the float32 rounding floor: B matches A"
         elif prev is not None and torch.equal(key, prev[0]) and dO < SETTLED[wd]:
             stop = "permutations unchanged and the residual map settled"
         elif prev is not None and torch.equal(key, prev[0]) and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f:
