@@ -366,12 +366,17 @@ def residual_matrix(residual: dict) -> list[list[float]] | None:
     return None
 
 
+# how a run drew λ per training step (the record's diagnostics.settings.lambdas; older records: narrow)
+LAMBDA_SAMPLING = {"narrow": "λ ~ U(0.4, 0.6)", "uniform": "λ ~ U(0, 1)", "fixed": "λ = 0.5"}
+
+
 def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
                    method_names: dict[str, str] | None = None) -> go.Figure:
     """Learned / dual optimisation: validation midpoint loss and training loss per step; for dual also the
     one-sided optimiser at the same budget (dashed), so any gap is visibly an optimisation effect."""
     names = method_names or {}
     fig = go.Figure()
+    sampled = LAMBDA_SAMPLING.get((diagnostics.get("settings") or {}).get("lambdas", "narrow"), "λ sampled")
 
     def add(hist: dict, m: str, label: str, dash: str) -> None:
         colour = method_colour(m)
@@ -384,7 +389,7 @@ def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
         train = [v for v in hist["train_loss"] if v is not None]
         if train:
             fig.add_trace(go.Scatter(
-                x=steps, y=train, mode="lines", name=f"{label}<br>training batch, λ ~ U(0.4, 0.6)",
+                x=steps, y=train, mode="lines", name=f"{label}<br>training batch, {sampled}",
                 line={"color": colour, "width": 1.5, "dash": "dot"}, opacity=0.7,
                 hovertemplate=f"step %{{x}}: %{{y:.4f}} {unit}<extra>{label}, training</extra>",
             ))

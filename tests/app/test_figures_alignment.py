@@ -157,6 +157,9 @@ def test_history_validation_training_kept_step_and_one_sided():
     assert list(one_val.y) == [3.0, 2.4, 2.0] and one_val.line.dash == "dash"
     assert one_val.line.color == style.METHOD_COLOURS["learned"]
     assert fig.layout.yaxis.title.text == "Loss at the midpoint (nats/byte)"
+    assert "λ ~ U(0.4, 0.6)" in train.name  # a record without settings: the narrow default
+    uniform = alignment_figs.history_figure(d | {"settings": {"lambdas": "uniform"}}, "dual", "nats/byte")
+    assert "λ ~ U(0, 1)" in uniform.data[1].name and "0.4" not in uniform.data[1].name
 
 
 def test_weight_sweeps_and_activation_correlation():
