@@ -13,20 +13,10 @@ import sys
 import time
 
 import torch
+from bench_scale import matmul_seconds  # this script's directory is on sys.path when it runs
 
 from engine.align.run import align
 from engine.api import load_named
-
-
-def matmul_seconds() -> float:
-    x = torch.randn(2048, 2048)
-    x @ x
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        x @ x
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main(pairs: list[str]) -> None:

@@ -3,18 +3,13 @@
 
 import importlib.util
 import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.browser.server import serve
+
 ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "app" / "streamlit_app.py"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",  # tests run as root
@@ -26,12 +21,6 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _store_env(tmp_path_factory) -> dict[str, str]:
@@ -59,39 +48,9 @@ def streamlit_url(streamlit_server) -> str:
 @pytest.fixture(scope="session")
 def streamlit_server(tmp_path_factory):
     """(url, process) of the app served for the session."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("streamlit") / "server.log"
-    env = {**os.environ, **_store_env(tmp_path_factory)}
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP),
-             "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port", str(port),
-             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: we stop exactly what we started
-        )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"streamlit exited early:\n{log_path.read_text()}")
-        try:
-            with urllib.request.urlopen(url + "/_stcore/health", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise RuntimeError(f"streamlit not healthy in 60 s:\n{log_path.read_text()}")
-        time.sleep(0.2)
-    yield url, proc
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    with serve(_store_env(tmp_path_factory), log_path) as (url, proc):
+        yield url, proc
 
 
 @pytest.fixture(scope="session")

@@ -48,15 +48,15 @@ def tiny(task="lm", **kw) -> RefConfig:
     return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, **kw})
 
 
-def randomise_norms(m: Model, seed: int) -> Model:
+def randomise_norms(m: Model, seed: int, gain: float = 0.2, bias: float = 0.1) -> Model:
     """Gains around 1 and LayerNorm biases nonzero, so folding and the residual maps are exercised."""
     g = torch.Generator().manual_seed(seed)
     p = canonical(m)
     for k, v in p.items():
         if k.endswith(".g"):
-            p[k] = 1 + 0.2 * torch.randn(v.shape, generator=g, dtype=F64)
+            p[k] = 1 + gain * torch.randn(v.shape, generator=g, dtype=F64)
         elif k.endswith((".norm1.b", ".norm2.b", "norm_f.b")):
-            p[k] = 0.1 * torch.randn(v.shape, generator=g, dtype=F64)
+            p[k] = bias * torch.randn(v.shape, generator=g, dtype=F64)
     set_canonical(m, p)
     return m
 

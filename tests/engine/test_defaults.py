@@ -24,6 +24,7 @@ from engine.models.reference import RefConfig, build
 from engine.results import RunConfig
 from engine.spec import KINDS, build_spec
 from engine.symmetry import apply, sample
+from tests.engine.test_align import randomise_norms
 
 F64 = torch.float64
 EXACT = {"heads", "mlp", "qk", "vo"}
@@ -38,19 +39,6 @@ def gpt2(seed: int = 0) -> Model:
 
     return hf_gpt2.build({"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4,
                           "bos_token_id": 0, "eos_token_id": 0}, seed=seed, dtype=F64)
-
-
-def random_norms(m: Model, seed: int) -> Model:
-    """Gains away from 1 and nonzero LayerNorm biases: folding and the rewrite change the path."""
-    g = torch.Generator().manual_seed(seed)
-    p = canonical(m)
-    for k, v in p.items():
-        if k.endswith(".g"):
-            p[k] = 1 + 0.3 * torch.randn(v.shape, generator=g, dtype=F64)
-        elif k.endswith(".b") and ("norm" in k):
-            p[k] = 0.2 * torch.randn(v.shape, generator=g, dtype=F64)
-    set_canonical(m, p)
-    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,7 +116,7 @@ def _save_pair(tmp_path, make, randomise: bool = True) -> tuple[str, str]:
     for s in (0, 1):
         m = make(s)
         if randomise:
-            random_norms(m, 10 + s)
+            randomise_norms(m, 10 + s, gain=0.3, bias=0.2)
         save_model(m, tmp_path / f"m{s}")
         dirs.append(str(tmp_path / f"m{s}"))
     return dirs[0], dirs[1]
@@ -182,7 +170,7 @@ def _planted_twin(tmp_path, cfg: RefConfig, randomise: bool, kinds: tuple[str, .
     """A and B = g*(A) for a random g* of `kinds`: a planted pair (its gains differ only if g* moves them)."""
     a = build(cfg, seed=0, dtype=F64)
     if randomise:
-        random_norms(a, 3)
+        randomise_norms(a, 3, gain=0.3, bias=0.2)
     b = build(cfg, seed=1, dtype=F64)
     set_canonical(b, apply(a.arch, sample(a.arch, list(kinds), seed=2), canonical(a)))
     save_model(a, tmp_path / "a")
