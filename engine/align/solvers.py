@@ -8,7 +8,7 @@ takes old index perm[i]. Everything here is float64 and deterministic.
     assignment       S_n: Hungarian on a similarity matrix (scipy's linear_sum_assignment)
     gqa_assignment   S_h restricted to grouped-query attention: groups to groups, heads within
     procrustes       O(n): polar factor of the cross-correlation (orthogonal Procrustes, SVD)
-    fit_gl           GL(d): argmin ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, Procrustes start + L-BFGS
+    fit_gl           GL(d): argmin ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, best start + preconditioned L-BFGS
     fit_rope         H(r): per frequency pair, closed-form phase + Brent on log r
     fit_scale        per-neuron scale s: argmin ||a - s b||^2 + ||c - e / s||^2 (roots of a quartic)
 """
@@ -29,8 +29,9 @@ from torch import Tensor
 from engine.models.reference import rope_pairs
 
 F64 = torch.float64
-LBFGS = {"gtol": 1e-12, "ftol": 1e-12}  # L-BFGS stopping rule of fit_gl (scipy options)
-GL_ITERS = 100  # L-BFGS steps per GL(d) fit; weight matching warm-starts each sweep from the last
+LBFGS = {"gtol": 1e-10, "ftol": 1e-10}  # L-BFGS stopping rule of fit_gl (scipy options)
+GL_ITERS = 100  # L-BFGS steps of a cold GL(d) fit
+GL_WARM_ITERS = 20  # ... and of a warm-started one: weight matching's sweeps refine last sweep's maps
 
 
 # ---------------------------------------------------------------------------------------------
@@ -145,21 +146,23 @@ def gl_objective(A: Tensor, P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor) 
 
 
 def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | None = None,
-           max_iter: int = GL_ITERS) -> Tensor:
+           max_iter: int | None = None) -> Tensor:
     """A [n, d, d] in GL(d) minimising `gl_objective` for each of n independent stacks.
 
     P rows move by A (W_Q, or W_V), Q rows by A^{-T} (W_K, or W_O^T). Start: the best of the
     orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the same in
     balanced coordinates (exact when A = S X with X orthogonal; usually the best start), the two
     one-sided least-squares fits (exact for a planted GL map) and `start` (a warm start); then
-    L-BFGS on the true objective in balanced coordinates (`balance`). Everything after the four
+    L-BFGS on the true objective in the Gauss-Newton frame of that start (`gauss_newton_frame`), for
+    GL_ITERS steps from a cold start and GL_WARM_ITERS from a warm one. Everything after the four
     d x d Gram matrices per stack is d x d work, run on one thread (small problems: more threads only
     wait on each other).
     """
     P_A, P_B, Q_A, Q_B = (x.to(F64) for x in (P_A, P_B, Q_A, Q_B))
     g = {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B, "qa": Q_B.mT @ Q_A}  # [n, d, d] each
     with single_thread():
-        return _fit_gl(P_A, P_B, Q_A, Q_B, g, start, max_iter)
+        return _fit_gl(P_A, P_B, Q_A, Q_B, g, start,
+                       max_iter if max_iter is not None else GL_ITERS if start is None else GL_WARM_ITERS)
 
 
 def _sym_pow(G: Tensor, p: float) -> Tensor:
@@ -173,12 +176,28 @@ def balance(G_P: Tensor, G_Q: Tensor) -> Tensor:
     """S [n, d, d] with S^T G_P S = S^{-1} G_Q S^{-T} = (G_P^{1/2} G_Q G_P^{1/2})^{1/2}.
 
     A = S X turns ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2 into the same problem in X with the two
-    design Gram matrices equal, so the condition number the optimiser sees is the square root of
-    that of G_P^{1/2} G_Q G_P^{1/2}: on the zoo and on GPT-2-small L-BFGS reaches in 50-100 steps
-    what took 500 in the original coordinates (bench/RESULTS.md).
+    design Gram matrices equal; Procrustes there is exact when A = S X with X orthogonal, one of
+    fit_gl's starts.
     """
     R, R_inv = _sym_pow(G_P, 0.5), _sym_pow(G_P, -0.5)
     return R_inv @ _sym_pow(R @ G_Q @ R, 0.25)
+
+
+def gauss_newton_frame(G_P: Tensor, G_Q: Tensor, A0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """W, V, D [n, d, d] with A = A0 + W (X * D) V^T turning f's Gauss-Newton model at A0 into |X|^2.
+
+    Linearising the residuals of f at A0 (B = A0^{-T}, dB = -B dA^T B) gives the quadratic
+    <dA, G_P dA + C dA N> with C = B B^T and N = B^T G_Q B. With W^T G_P W = I, W^T C W = diag(lam)
+    (W = G_P^{-1/2} U, U the eigenvectors of G_P^{-1/2} C G_P^{-1/2}) and N = V diag(sig) V^T it is
+    sum_ij X_ij^2 for dA = W (X * D) V^T, D_ij = (1 + lam_i sig_j)^{-1/2}: L-BFGS then starts from the
+    right curvature in every direction (all of it near a small residual) instead of learning it.
+    """
+    B = torch.linalg.inv(A0).mT  # [n, d, d]
+    L = _sym_pow(G_P, -0.5)
+    lam, U = torch.linalg.eigh(L @ (B @ B.mT) @ L)  # [n, d], [n, d, d]
+    sig, V = torch.linalg.eigh(B.mT @ G_Q @ B)  # [n, d], [n, d, d]
+    D = (1 + lam.clamp_min(0)[..., :, None] * sig.clamp_min(0)[..., None, :]).rsqrt()  # [n, d, d]
+    return L @ U, V, D
 
 
 def _solve(G: Tensor, R: Tensor) -> Tensor:
@@ -233,14 +252,15 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
     f0 = per_stack(A0)
     if float(f0.max()) <= 1e-24:
         return A0
-    # L-BFGS on Gram matrices: every evaluation is a few d x d products (scipy, analytic gradient),
-    # in the balanced coordinates A = S X, where P_B S and Q_B S^{-T} have the same Gram matrix
-    g = {"pp": S.mT @ g["pp"] @ S, "pa": S.mT @ g["pa"], "qq": S_inv @ g["qq"] @ S_inv.mT, "qa": S_inv @ g["qa"]}
+    # L-BFGS on Gram matrices (scipy, analytic gradient), every evaluation a few d x d products, in
+    # coordinates where the Gauss-Newton model at A0 is the identity (`gauss_newton_frame`)
+    W, V, D = gauss_newton_frame(g["pp"], g["qq"], A0)  # [n, d, d], [n, d, d], [n, d, d]
     g = {k: v.numpy() for k, v in g.items()}  # [n, d, d] each
+    Wn, Vn, Dn, A0n = W.numpy(), V.numpy(), D.numpy(), A0.numpy()
     c0 = float(c0.sum())
 
     def fg(x: np.ndarray) -> tuple[float, np.ndarray]:
-        A = x.reshape(n, d, d)  # [n, d, d] from scipy's flat vector
+        A = A0n + Wn @ (x.reshape(n, d, d) * Dn) @ Vn.transpose(0, 2, 1)  # [n, d, d] from scipy's flat vector
         try:
             B = np.linalg.inv(A).transpose(0, 2, 1)  # A^{-T}
         except np.linalg.LinAlgError:
@@ -249,11 +269,11 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
              - 2 * (B * g["qa"]).sum() + (B * (g["qq"] @ B)).sum())
         G_B = 2 * (g["qq"] @ B - g["qa"])
         G = 2 * (g["pp"] @ A - g["pa"]) - B @ G_B.transpose(0, 2, 1) @ B  # d/dA of the B term: -B G_B^T B
-        return float(f), G.reshape(-1)  # [n*d*d]
+        return float(f), (Dn * (Wn.transpose(0, 2, 1) @ G @ Vn)).reshape(-1)  # [n*d*d], chained to x
 
-    res = minimize(fg, (S_inv @ A0).numpy().reshape(-1), jac=True, method="L-BFGS-B",  # [n*d*d]
+    res = minimize(fg, np.zeros(n * d * d), jac=True, method="L-BFGS-B",  # [n*d*d]
                    options={"maxiter": max_iter, **LBFGS})
-    A = S @ torch.from_numpy(res.x.reshape(n, d, d).copy())  # [n, d, d]
+    A = A0 + W @ (torch.from_numpy(res.x.reshape(n, d, d)) * D) @ V.mT  # [n, d, d]
     ok = torch.isfinite(A).all((-2, -1))
     A = torch.where(ok[:, None, None], A, A0)
     ok = (torch.linalg.cond(A) < 1e10) & (per_stack(A) < f0)  # [n]: each stack keeps the better of the two

@@ -49,7 +49,7 @@ from engine.symmetry import GroupElement, LayerElement, act, element_maps, ident
 
 MAX_SWEEPS = 100  # a safety bound, not a budget: reaching it is reported as not converged
 STALL_SWEEPS = 3  # sweeps in a row without relative progress that end a descent whose permutations still flip
-REL_TOL = 1e-6  # relative objective decrease below which a sweep counts as no change
+REL_TOL = 1e-5  # relative objective decrease below which a sweep counts as no change
 INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
 INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
 SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
