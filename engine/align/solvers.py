@@ -9,7 +9,7 @@ takes old index perm[i]. Everything here is float64 and deterministic.
     gqa_assignment   S_h restricted to grouped-query attention: groups to groups, heads within
     procrustes       O(n): polar factor of the cross-correlation (orthogonal Procrustes, SVD)
     fit_gl           GL(d): argmin ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, best start + preconditioned L-BFGS
-    fit_rope         H(r): per frequency pair, closed-form phase + Brent on log r
+    fit_rope         H(r): per frequency pair, closed-form phase + a vectorised search on log r
     fit_scale        per-neuron scale s: argmin ||a - s b||^2 + ||c - e / s||^2 (roots of a quartic)
 """
 
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from scipy.optimize import brentq, linear_sum_assignment, minimize, minimize_scalar
+from scipy.optimize import linear_sum_assignment, minimize
 from threadpoolctl import threadpool_limits
 from torch import Tensor
 
@@ -295,41 +295,54 @@ def fit_rope(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, layout: str, r:
 
     Per pair (docs/MATH.md section 4.1), with c_q = <q_A, q_B>, c_k = <k_A, k_B> (Hermitian, conjugating A):
     the cross terms are 2 Re(e^{i phi} (r c_q + c_k / r)), so phi* = -arg(r c_q + c_k / r) in closed
-    form, and r minimises f(r) = r^2 ||q_B||^2 + ||k_B||^2 / r^2 - 2 |r c_q + c_k / r|, found by a coarse
-    grid on log r (f need not be unimodal) refined with Brent's method.
+    form, and r minimises f(r) = r^2 ||q_B||^2 + ||k_B||^2 / r^2 - 2 |r c_q + c_k / r|, found for all pairs
+    at once: a coarse grid on t = log r (f need not be unimodal), golden-section search within one grid
+    step of the best point, and bisection on f'(t) to polish t to machine precision.
     """
     qa, qb = complex_pairs(P_A, layout, r), complex_pairs(P_B, layout, r)  # [n, N, r/2]
     ka, kb = complex_pairs(Q_A, layout, r), complex_pairs(Q_B, layout, r)  # [n, M, r/2]
-    c_q = (qa.conj() * qb).sum(-2).numpy()  # [n, r/2]
-    c_k = (ka.conj() * kb).sum(-2).numpy()  # [n, r/2]
-    n_q = qb.abs().square().sum(-2).numpy()  # [n, r/2]
-    n_k = kb.abs().square().sum(-2).numpy()  # [n, r/2]
-    z = np.ones(c_q.shape, dtype=np.complex128)
-    grid = np.linspace(-6.0, 6.0, 49)
-    for idx in np.ndindex(*c_q.shape):
-        cq, ck, a, b = c_q[idx], c_k[idx], n_q[idx], n_k[idx]
-        if a + b == 0 or abs(cq) + abs(ck) == 0:
-            continue  # a dead pair: any z is optimal, keep the identity
+    cq = (qa.conj() * qb).sum(-2).numpy().reshape(-1)  # [n*r/2]
+    ck = (ka.conj() * kb).sum(-2).numpy().reshape(-1)
+    a = qb.abs().square().sum(-2).numpy().reshape(-1)
+    b = kb.abs().square().sum(-2).numpy().reshape(-1)
 
-        def f(t, cq=cq, ck=ck, a=a, b=b):
-            s = np.exp(t)
-            return s * s * a + b / (s * s) - 2 * np.abs(s * cq + ck / s)
+    def f(t: np.ndarray) -> np.ndarray:  # t broadcasts against the pairs
+        s = np.exp(t)
+        return s * s * a + b / (s * s) - 2 * np.abs(s * cq + ck / s)
 
-        t0 = grid[int(np.argmin(f(grid)))]
-        def df(t, cq=cq, ck=ck, a=a, b=b):  # f'(t): polish Brent's minimum to machine precision
-            s = math.exp(t)
-            w, dw = s * cq + ck / s, s * cq - ck / s
-            return 2 * a * s * s - 2 * b / (s * s) - 2 * (np.conj(w) * dw).real / max(abs(w), 1e-300)
+    def df(t: np.ndarray) -> np.ndarray:
+        s = np.exp(t)
+        w, dw = s * cq + ck / s, s * cq - ck / s
+        return 2 * a * s * s - 2 * b / (s * s) - 2 * (np.conj(w) * dw).real / np.maximum(np.abs(w), 1e-300)
 
-        res = minimize_scalar(f, bracket=(t0 - 0.25, t0, t0 + 0.25), method="brent")
-        t = float(res.x) if res.fun <= f(t0) else t0
+    grid = np.linspace(-6.0, 6.0, 49)  # step 0.25
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t0 = grid[np.argmin(f(grid[:, None]), 0)]  # [n*r/2]
+        lo, hi = t0 - 0.25, t0 + 0.25
+        invphi = (math.sqrt(5) - 1) / 2
+        x1, x2 = hi - invphi * (hi - lo), lo + invphi * (hi - lo)
+        f1, f2 = f(x1), f(x2)
+        for _ in range(45):  # golden section: the bracket shrinks to 0.5 * 0.618^45 ~ 2e-10
+            left = f1 <= f2  # the minimum lies in [lo, x2]
+            hi, lo = np.where(left, x2, hi), np.where(left, lo, x1)
+            x1, x2 = np.where(left, hi - invphi * (hi - lo), x2), np.where(left, x1, lo + invphi * (hi - lo))
+            f1, f2 = f(x1), f(x2)
+        t = (lo + hi) / 2
+        t = np.where(f(t) <= f(t0), t, t0)
+        # f is flat at its minimum, so comparing values pins t only to ~1e-8: polish on f'(t) = 0
         lo, hi = t - 1e-4, t + 1e-4
-        if df(lo) < 0 < df(hi):
-            t = brentq(df, lo, hi, xtol=1e-15)
-        s = math.exp(t)
-        w = s * cq + ck / s
-        z[idx] = s * np.exp(-1j * np.angle(w)) if abs(w) > 0 else s
-    return torch.from_numpy(z)  # [n, r/2]
+        polish = (df(lo) < 0) & (df(hi) > 0)
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            up = df(mid) > 0
+            hi, lo = np.where(up, mid, hi), np.where(up, lo, mid)
+        t = np.where(polish, (lo + hi) / 2, t)
+    s = np.exp(t)
+    w = s * cq + ck / s
+    z = np.where(np.abs(w) > 0, s * np.exp(-1j * np.angle(w)), s + 0j)
+    dead = (a + b == 0) | (np.abs(cq) + np.abs(ck) == 0)  # a dead pair: any z is optimal, keep the identity
+    z = np.where(dead, 1.0 + 0j, z)
+    return torch.from_numpy(z.reshape(qa.shape[0], -1))  # [n, r/2]
 
 
 def rope_scalars(A: Tensor, layout: str, r: int) -> Tensor:

@@ -7,7 +7,7 @@ per-layer transforms, and sweeps repeat until no permutation changes and Omega s
             invariant circuits M = W_Q W_K^T (row-centred: the softmax ignores a constant per query)
             and N = W_V W_O; under GQA whole KV groups map to KV groups (solvers.gqa_assignment)
     qk      A per KV group: GL(d) by Procrustes start + L-BFGS; RoPE: per-pair closed-form phase and
-            Brent on log r; partial RoPE: H(r) x GL(d - r)
+            a search on log r; partial RoPE: H(r) x GL(d - r)
     vo      B per KV group: the GL(d) problem with W_O^T in place of W_K
     mlp     pi: assignment on <W_in^A, W_in^B pi> + <W_out^A, pi^T W_out^B> (+ gate, + biases)
     mlp_scale  per-neuron s after pi (solvers.fit_scale); with scaling the assignment uses
