@@ -19,12 +19,12 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                                  runs too, for their second curve in the aligned runs' coordinates
     method scratch
       naive        0
-      weight       w (2 P_layer + 4 h (D+1) D + m^2 + 6 L D^2) + 16 m^2 + 32 D^2 + 16 min(P_max, 2^22)
+      weight       w (2 P_layer + 4 h (D+1) D + m^2 + 6 L D^2) + 16 m^2 + 32 D^2 + 2 w max(V D, D m)
                    w = 8 up to 20M parameters, else 4 (the work dtype of engine.align.weight): B's block
                    moved twice (by Omega, by its own transform), both models' head circuits
                    [h, D+1, D], the MLP cost [m, m] (and its float64 copy for the assignment solver),
                    the summed circuits of every layer for the starting residual map [3L, D, D] per
-                   model, residual cross products, and one parameter moved in float64
+                   model, residual cross products, and the largest parameter moved in the work dtype
       activation   weight's scratch
                    + 2 N_act (3 L + 1) D b            both models' captured residual streams and normalised
                                                       block inputs of one batch (no logits: the capture
@@ -168,12 +168,11 @@ def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
     D, h, d, m, L, V = a.d_model, a.n_heads, a.d_head, a.d_mlp, a.n_layers, a.n_out
     if method == "naive":
         return 0
-    from engine.align.run import BIG_PARAM
     from engine.align.weight import SMALL_MODEL
 
     w = F64_BYTES if shape.params <= SMALL_MODEL else 4
     weight = (w * (2 * shape.layer_params + 4 * h * (D + 1) * D + m * m + 6 * L * D * D)
-              + 2 * F64_BYTES * (m * m + 2 * D * D) + 2 * F64_BYTES * min(shape.params, BIG_PARAM))
+              + 2 * F64_BYTES * (m * m + 2 * D * D) + 2 * w * max(V * D, D * m))
     if method == "weight":
         return weight
     if method == "activation":

@@ -42,8 +42,25 @@ def family_of(path: Path) -> Family:
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
-    """Load a model directory of any registered family."""
-    return family_of(Path(path)).load(Path(path), dtype=dtype)
+    """Load a model directory of any registered family, its weights in the process's own memory."""
+    model = family_of(Path(path)).load(Path(path), dtype=dtype)
+    _own_memory(model.module)
+    return model
+
+
+@torch.no_grad()
+def _own_memory(module: torch.nn.Module) -> None:
+    """Copy weights that still live in a memory-mapped checkpoint into the process's own memory.
+
+    Loaders may hand back tensors backed by the safetensors file's mapping. Reading them is free,
+    but the first write into each page (in-place alignment, the LayerNorm rewrite) then copies it
+    on a page fault: on GPT-2-small that cost 6-7 s of system time in a 12-20 s weight matching,
+    against 0.3 s for this copy (bench/RESULTS.md). One tensor at a time; tied weights stay tied
+    (the Parameter objects are kept, only their data is replaced).
+    """
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.device.type == "cpu":
+            t.data = t.data.clone()
 
 
 def canonical(model: Model, copy: bool = True) -> Params:
