@@ -155,35 +155,39 @@ def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | N
     one-sided least-squares fits (exact for a planted GL map) and `start` (a warm start); then
     L-BFGS on the true objective in the Gauss-Newton frame of that start (`gauss_newton_frame`), for
     GL_ITERS steps from a cold start and GL_WARM_ITERS from a warm one. Everything after the four
-    d x d Gram matrices per stack is d x d work, run on one thread (small problems: more threads only
-    wait on each other).
+    d x d Gram matrices per stack is d x d work in float64, run on one thread (small problems: more
+    threads only wait on each other). Products over the rows (the Gram matrices, the objective on the
+    rows) stay in the dtype of float32 rows, like weight matching's other products at scale.
     """
-    P_A, P_B, Q_A, Q_B = (x.to(F64) for x in (P_A, P_B, Q_A, Q_B))
+    rd = torch.float32 if P_A.dtype == torch.float32 else F64
+    P_A, P_B, Q_A, Q_B = (x.to(rd) for x in (P_A, P_B, Q_A, Q_B))
     g = {"pp": P_B.mT @ P_B, "pa": P_B.mT @ P_A, "qq": Q_B.mT @ Q_B, "qa": Q_B.mT @ Q_A}  # [n, d, d] each
+    g = {k: v.to(F64) for k, v in g.items()}
     with single_thread():
         return _fit_gl(P_A, P_B, Q_A, Q_B, g, start,
                        max_iter if max_iter is not None else GL_ITERS if start is None else GL_WARM_ITERS)
 
 
-def _sym_pow(G: Tensor, p: float) -> Tensor:
-    """G^p for symmetric positive semi-definite G [n, d, d], eigenvalues floored at 1e-12 of the largest."""
+def _sym_pow(G: Tensor, *ps: float) -> list[Tensor]:
+    """G^p for each p, G symmetric positive semi-definite [n, d, d] (one eigendecomposition), eigenvalues
+    floored at 1e-12 of the largest."""
     w, V = torch.linalg.eigh(G)
     w = w.clamp_min(1e-12 * w[..., -1:].clamp_min(1e-300))
-    return (V * w.pow(p)[..., None, :]) @ V.mT
+    return [(V * w.pow(p)[..., None, :]) @ V.mT for p in ps]
 
 
-def balance(G_P: Tensor, G_Q: Tensor) -> Tensor:
+def balance(G_P: Tensor, G_Q: Tensor, roots: list[Tensor] | None = None) -> Tensor:
     """S [n, d, d] with S^T G_P S = S^{-1} G_Q S^{-T} = (G_P^{1/2} G_Q G_P^{1/2})^{1/2}.
 
     A = S X turns ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2 into the same problem in X with the two
     design Gram matrices equal; Procrustes there is exact when A = S X with X orthogonal, one of
-    fit_gl's starts.
+    fit_gl's starts. `roots`: G_P^{1/2} and G_P^{-1/2} when the caller has them.
     """
-    R, R_inv = _sym_pow(G_P, 0.5), _sym_pow(G_P, -0.5)
-    return R_inv @ _sym_pow(R @ G_Q @ R, 0.25)
+    R, R_inv = roots or _sym_pow(G_P, 0.5, -0.5)
+    return R_inv @ _sym_pow(R @ G_Q @ R, 0.25)[0]
 
 
-def gauss_newton_frame(G_P: Tensor, G_Q: Tensor, A0: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def gauss_newton_frame(G_P: Tensor, G_Q: Tensor, A0: Tensor, L: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """W, V, D [n, d, d] with A = A0 + W (X * D) V^T turning f's Gauss-Newton model at A0 into |X|^2.
 
     Linearising the residuals of f at A0 (B = A0^{-T}, dB = -B dA^T B) gives the quadratic
@@ -191,9 +195,10 @@ def gauss_newton_frame(G_P: Tensor, G_Q: Tensor, A0: Tensor) -> tuple[Tensor, Te
     (W = G_P^{-1/2} U, U the eigenvectors of G_P^{-1/2} C G_P^{-1/2}) and N = V diag(sig) V^T it is
     sum_ij X_ij^2 for dA = W (X * D) V^T, D_ij = (1 + lam_i sig_j)^{-1/2}: L-BFGS then starts from the
     right curvature in every direction (all of it near a small residual) instead of learning it.
+    `L`: G_P^{-1/2} when the caller has it.
     """
     B = torch.linalg.inv(A0).mT  # [n, d, d]
-    L = _sym_pow(G_P, -0.5)
+    L = _sym_pow(G_P, -0.5)[0] if L is None else L
     lam, U = torch.linalg.eigh(L @ (B @ B.mT) @ L)  # [n, d], [n, d, d]
     sig, V = torch.linalg.eigh(B.mT @ G_Q @ B)  # [n, d], [n, d, d]
     D = (1 + lam.clamp_min(0)[..., :, None] * sig.clamp_min(0)[..., None, :]).rsqrt()  # [n, d, d]
@@ -218,7 +223,8 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
     if Q_A.shape[-2] == 0:
         return _solve(g["pp"], g["pa"])  # [n, d, d]: plain least squares
     n, d = P_A.shape[0], P_A.shape[-1]
-    S = balance(g["pp"], g["qq"])  # [n, d, d]
+    roots = _sym_pow(g["pp"], 0.5, -0.5)  # G_pp^{1/2}, G_pp^{-1/2}
+    S = balance(g["pp"], g["qq"], roots)  # [n, d, d]
     S_inv = torch.linalg.inv(S)
     cands = [procrustes(g["pa"] + g["qa"]),  # [n, d, d]
              S @ procrustes(S.mT @ g["pa"] + S_inv @ g["qa"]),  # [n, d, d]: the same in balanced coordinates
@@ -228,10 +234,10 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
         cands.append(start.to(F64))
 
     def per_stack(A: Tensor) -> Tensor:  # [n], evaluated on the rows: exact near a zero residual
-        f = (P_A - P_B @ A).square().sum((-2, -1))
-        return f + (Q_A - Q_B @ torch.linalg.inv(A).mT).square().sum((-2, -1))
+        f = (P_A - P_B @ A.to(P_A.dtype)).square().sum((-2, -1))
+        return (f + (Q_A - Q_B @ torch.linalg.inv(A).mT.to(P_A.dtype)).square().sum((-2, -1))).to(F64)
 
-    c0 = (P_A.square().sum((-2, -1)) + Q_A.square().sum((-2, -1)))  # [n]
+    c0 = (P_A.square().sum((-2, -1)) + Q_A.square().sum((-2, -1))).to(F64)  # [n]
 
     def gram_objective(A: Tensor) -> Tensor:  # [n], from the d x d Gram matrices: cheap, for ranking
         B = torch.linalg.inv(A).mT
@@ -240,10 +246,11 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
 
     eye = torch.eye(d, dtype=F64).expand(n, d, d)
     vals = []
-    for c in cands:
+    for k, c in enumerate(cands):
         good = torch.isfinite(c).all((-2, -1))
         c = torch.where(good[:, None, None], c, eye)
-        good &= torch.linalg.cond(c) < 1e8
+        if k:  # the first candidate is orthogonal
+            good &= torch.linalg.cond(c) < 1e8
         c = torch.where(good[:, None, None], c, eye)  # [n, d, d]
         vals.append(gram_objective(c))
     pick = torch.stack(vals).argmin(0)  # [n]
@@ -254,7 +261,7 @@ def _fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, g: dict[str, Ten
         return A0
     # L-BFGS on Gram matrices (scipy, analytic gradient), every evaluation a few d x d products, in
     # coordinates where the Gauss-Newton model at A0 is the identity (`gauss_newton_frame`)
-    W, V, D = gauss_newton_frame(g["pp"], g["qq"], A0)  # [n, d, d], [n, d, d], [n, d, d]
+    W, V, D = gauss_newton_frame(g["pp"], g["qq"], A0, roots[1])  # [n, d, d], [n, d, d], [n, d, d]
     g = {k: v.numpy() for k, v in g.items()}  # [n, d, d] each
     Wn, Vn, Dn, A0n = W.numpy(), V.numpy(), D.numpy(), A0.numpy()
     c0 = float(c0.sum())

@@ -25,6 +25,7 @@ transform as Omega^T X Omega; a few linearised two-sided Procrustes steps fit th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -184,7 +185,8 @@ def match_mlp(arch: Arch, pa: Params, pb: Params, layer: int, kinds: frozenset[s
     scaled = "mlp_scale" in kinds
     if "mlp" in kinds:
         if not scaled:
-            score = ia @ ib.T + oa @ ob.T + (ga @ gb.T if ga is not None else 0)  # [m, m]
+            xa, xb = [torch.cat([i, o] + ([g] if g is not None else []), 1) for i, o, g in ((ia, oa, ga), (ib, ob, gb))]
+            score = xa @ xb.T  # [m, m]: <in> + <out> (+ <gate>) in one product
         elif arch.mlp == "relu":  # s > 0 keeps the directions: cosines are invariant
             score = _cos(ia, ib) + _cos(oa, ob)
         else:  # SwiGLU: the up branch may flip sign with its outgoing row; their product may not
@@ -306,7 +308,8 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     the invariant circuits sum_i M_i, sum_i N_i, W_in W_out per layer, linearised around the current
     Omega: <X_A, Omega^T X_B Omega_k> + <X_A, Omega_k^T X_B Omega> gives X_B Omega_k X_A^T + X_B^T Omega_k X_A.
     The linearised objective q(Omega) = <lin, Omega> + sum <Omega, X_B Omega X_A^T> comes for free with
-    each step; the fit stops when Omega repeats (permutations) or q stops rising (rotations).
+    each step; the fit stops when Omega repeats (permutations), or q stops rising or Omega settles
+    (rotations: the same SETTLED bound as the descent).
     """
     arch = spec.arch
     res = residual_axes(spec, perm)
@@ -344,7 +347,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             break  # the linearisation stopped paying off: keep the best Omega seen
         O_new = solve_residual(lin.M + S1 + S2, perm)
         if (perm and any(torch.equal(O_new, P) for P in seen + [O])) or (
-                not perm and gain <= INIT_REL_TOL * abs(q)):
+                not perm and (gain <= INIT_REL_TOL * abs(q) or float((O_new - O).abs().max()) < SETTLED[wd])):
             break
         seen.append(O)
         O = O_new
@@ -409,9 +412,13 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             la = ba.get(keys)
             lb = _moved(spec, mats_o, bb.get(keys))  # B's block seen through Omega
             hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
-            with single_thread():  # d x d solves: on a busy machine extra threads only wait
-                A, B = within_head(arch, structure, la, lb, layer, hp, kinds, g.layers[layer] if sweep else None)
-            mp, s = match_mlp(arch, la, lb, layer, kinds)
+            warm = g.layers[layer] if sweep else None
+            with single_thread(), ThreadPoolExecutor(1) as beside:
+                # the within-head d x d solves run on one thread; the MLP's big product and assignment,
+                # which do not depend on them, run beside them on the other core (one thread each)
+                heads = beside.submit(within_head, arch, structure, la, lb, layer, hp, kinds, warm)
+                mp, s = match_mlp(arch, la, lb, layer, kinds)
+                A, B = heads.result()
             el = LayerElement(hp, A, B, mp, s)
             layers.append(el)
             del lb
