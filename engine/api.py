@@ -209,7 +209,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     if save_merged is not None:
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
-    from engine.resources import check_run  # memory from the configs alone: refuse before loading
+    from engine.resources import check_run, trim_freed_memory  # memory from the configs: refuse before loading
     check_run(cfg, offload=offload)
     phases = Phases(progress)
     t0 = time.perf_counter()
@@ -238,6 +238,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
+    trim_freed_memory()  # the alignment's freed scratch goes back before the path model is built
     from engine.progress import naive_paths, relabel
 
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates

@@ -331,23 +331,44 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     return est
 
 
+def _libc():
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+
+
+MMAP_THRESHOLD = 32 * 1024 * 1024  # bytes: larger blocks are mmapped and go back to the OS when freed
+
+
 def return_freed_memory() -> bool:
     """Make freed tensor memory go back to the operating system (glibc; a no-op elsewhere).
 
     glibc serves allocations above a threshold with mmap and returns them on free, but raises that
     threshold to the largest block freed so far: after one large temporary, later ones come from a
     heap that is never trimmed, and a streamed run's resident memory ratchets up to its worst moment
-    plus fragmentation. A fixed 128 KiB threshold keeps every large tensor mmapped, so resident
-    memory follows what is alive (measured in bench/RESULTS.md). Called by the CLI and the app.
+    plus fragmentation. A fixed threshold stops the ratchet. At 32 MiB (glibc's largest) blocks up to a
+    layer's tensors are reused from the heap, while embeddings, logits and whole-model buffers are
+    mmapped; a lower one (128 KiB) made every temporary a fresh mapping, whose page faults cost GPT-2-small
+    weight matching a third of its time (bench/RESULTS.md). `trim_freed_memory` hands the heap's free
+    pages back between phases. Called by the CLI and the app.
     """
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return False
+    libc = _libc()
     try:
-        libc = ctypes.CDLL(name)
-        return bool(libc.mallopt(-3, 128 * 1024))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
-    except (OSError, AttributeError):
+        return bool(libc and libc.mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
+    except AttributeError:
         return False
+
+
+def trim_freed_memory() -> None:
+    """Give the heap's free pages back to the operating system (glibc's malloc_trim; a no-op elsewhere)."""
+    libc = _libc()
+    try:
+        if libc:
+            libc.malloc_trim(0)
+    except AttributeError:
+        pass
