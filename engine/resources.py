@@ -51,7 +51,8 @@ the CPU, cudaMemGetInfo on CUDA.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -342,7 +343,17 @@ def _libc():
         return None
 
 
-MMAP_THRESHOLD = 32 * 1024 * 1024  # bytes: larger blocks are mmapped and go back to the OS when freed
+FREED_THRESHOLD = 128 * 1024  # bytes: return_freed_memory's fixed mmap threshold
+REUSE_THRESHOLD = 32 * 1024 * 1024  # ... and reuse_freed_memory's (glibc's largest)
+_threshold_after = REUSE_THRESHOLD  # what reuse_freed_memory restores
+
+
+def _set_mmap_threshold(nbytes: int) -> bool:
+    libc = _libc()
+    try:
+        return bool(libc and libc.mallopt(-3, nbytes))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
+    except AttributeError:
+        return False
 
 
 def return_freed_memory() -> bool:
@@ -351,17 +362,28 @@ def return_freed_memory() -> bool:
     glibc serves allocations above a threshold with mmap and returns them on free, but raises that
     threshold to the largest block freed so far: after one large temporary, later ones come from a
     heap that is never trimmed, and a streamed run's resident memory ratchets up to its worst moment
-    plus fragmentation. A fixed threshold stops the ratchet. At 32 MiB (glibc's largest) blocks up to a
-    layer's tensors are reused from the heap, while embeddings, logits and whole-model buffers are
-    mmapped; a lower one (128 KiB) made every temporary a fresh mapping, whose page faults cost GPT-2-small
-    weight matching a third of its time (bench/RESULTS.md). `trim_freed_memory` hands the heap's free
-    pages back between phases. Called by the CLI and the app.
+    plus fragmentation. A fixed 128 KiB threshold keeps every large tensor mmapped, so resident
+    memory follows what is alive (measured in bench/RESULTS.md). Called by the CLI and the app.
     """
-    libc = _libc()
+    global _threshold_after
+    _threshold_after = FREED_THRESHOLD
+    return _set_mmap_threshold(FREED_THRESHOLD)
+
+
+@contextmanager
+def reuse_freed_memory() -> Iterator[None]:
+    """Within: blocks up to 32 MiB come from glibc's heap and are reused; after: the heap is trimmed.
+
+    Weight matching frees and reallocates a layer's worth of tensors at every step; as fresh mappings
+    each costs a page fault per 4 KiB (a third of GPT-2-small's weight-matching time). Its heap
+    growth is bounded by one layer's scratch, which trim_freed_memory hands back at the end.
+    """
+    _set_mmap_threshold(REUSE_THRESHOLD)
     try:
-        return bool(libc and libc.mallopt(-3, MMAP_THRESHOLD))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
-    except AttributeError:
-        return False
+        yield
+    finally:
+        _set_mmap_threshold(_threshold_after)
+        trim_freed_memory()
 
 
 def trim_freed_memory() -> None:

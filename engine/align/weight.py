@@ -45,6 +45,7 @@ from engine.align.solvers import (
 from engine.cancel import CancelToken, check
 from engine.interpolate import Progress
 from engine.models.base import Arch, Params
+from engine.resources import reuse_freed_memory
 from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, act, element_maps, identity, layer_maps, rope_commutant
 
@@ -373,7 +374,8 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
     """
     wd = work_dtype(pair.params_a)
     if wd != F64:
-        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
+        with reuse_freed_memory():  # per-layer blocks reused, not mapped afresh at every step
+            return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
     with single_thread():  # a small model: nothing but small products, which extra threads only slow down
         return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
 

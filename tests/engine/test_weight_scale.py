@@ -182,7 +182,7 @@ def test_weight_matching_memory_beyond_the_two_models_is_bounded(tmp_path):
     """Resident memory during one weight-matching call on two independent mid-sized GPT-2s (35M
     parameters, float32 products), sampled in a fresh process: less than 1.5 model's bytes above the
     two loaded endpoints (measured 1.1: glibc's heap keeps freed per-layer blocks below its 32 MiB mmap
-    threshold for reuse, engine.resources.return_freed_memory). Before streaming the same call held
+    threshold for reuse during weight matching, engine.resources.reuse_freed_memory). Before streaming the same call held
     several whole-model float64 copies."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
