@@ -15,7 +15,7 @@ from engine.cancel import check as check_cancel
 from engine.checks import EXACT_TOL  # noqa: F401 (for the app)
 from engine.data import default_splits, digits_sha256
 from engine.errors import ArchitectureMismatch, LMCError, ModelError
-from engine.evaluate import eval_set_for, evaluate
+from engine.evaluate import eval_set_for, evaluate, train_eval_set_for
 from engine.interpolate import LinearPath, check_same_architecture, interpolate, make_path
 from engine.models import Model, load_model, save_model
 from engine.models.base import Arch
@@ -181,6 +181,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
              cancel: CancelToken | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
+    The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
+    split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
@@ -226,6 +228,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         raise LMCError("--save-merged cannot write a model of the circuit path under RoPE: its doubled heads "
                        "rotate with the endpoints' frequencies, which the reference checkpoint format does not record.")
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
+    train_es = train_eval_set_for(a, es)  # the train curve's bounded sample of the train split
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
     cfg = final_config(replace(cfg, device=device), a.arch.task)
@@ -243,7 +246,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),
-                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path)
+                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path,
+                       train_es=train_es)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
@@ -317,8 +321,9 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     """Precompute a record for every same-architecture zoo pair x method into the store; resumable.
 
     Everything is validated before any work: the methods, the pairs (zoo pairs only) and the store
-    directory. A stored record whose config hash matches the run's is kept as it is (a killed build
-    resumes where it stopped; `force` recomputes everything); a broken one is recomputed. The manifest
+    directory. A stored record whose config hash matches the run's and that has a train curve is kept as
+    it is (a killed build resumes where it stopped; `force` recomputes everything); a broken one, or one
+    from before records had a train curve, is recomputed. The manifest
     is rebuilt from the records present. Returns the records of every pair x method, kept or new.
     """
     from tqdm import tqdm
@@ -344,7 +349,8 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         for m in methods:
             cfg = RunConfig(a, b, m, eval_items=eval_items)
             old = cached_record(a, b, m, root)
-            if old is not None and not force and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash():
+            current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
+            if current and not force and "train_loss" in old:  # records from before the train curve are redone
                 out.append(old)
             else:
                 todo.append(cfg)
