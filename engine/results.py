@@ -235,9 +235,11 @@ def _train_problem(rec: dict, name: str, n: int) -> str | None:
         stray = [k for k in TRAIN_FIELDS if k in rec]
         return f"{name}: {stray[0]} is given without train_loss." if stray else None
     tl = rec["train_loss"]
-    if not isinstance(tl, list) or len(tl) != n or not all(_number(x) for x in tl):
+    if not isinstance(tl, list) or len(tl) != n:
         got = f"{len(tl)} values" if isinstance(tl, list) else f"a {type(tl).__name__}"
         return f"{name}: train_loss must be one number per lambda ({n}), not {got}."
+    if not all(_number(x) for x in tl):
+        return f"{name}: train_loss must hold numbers only."
     for k in ("train_barrier", "train_midpoint_barrier"):
         if k in rec and not _number(rec[k]):
             return f"{name}: {k} must be a number, not {type(rec[k]).__name__}."

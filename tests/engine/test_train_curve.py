@@ -140,7 +140,7 @@ def test_old_records_without_a_train_curve_still_validate(naive_lm_record):
 
 @pytest.mark.parametrize(("change", "problem"), [
     ({"train_loss": [1.0, 2.0]}, "record: train_loss must be one number per lambda (3), not 2 values."),
-    ({"train_loss": [1.0, "x", 2.0]}, "record: train_loss must be one number per lambda (3), not 3 values."),
+    ({"train_loss": [1.0, "x", 2.0]}, "record: train_loss must hold numbers only."),
     ({"train_loss": 1.5}, "record: train_loss must be one number per lambda (3), not a float."),
     ({"train_barrier": None}, "record: train_barrier must be a number, not NoneType."),
     ({"train_accuracy": [0.5]}, "record: train_accuracy must be null or one number per lambda."),
