@@ -93,8 +93,18 @@ def show_numbers(entry: dict) -> None:
     cols[2].metric("Endpoint loss A / B", f"{entry['endpoint_loss_a']:.3f} / {entry['endpoint_loss_b']:.3f}")
     if entry.get("accuracy"):
         cols[3].metric("Accuracy drop", f"{100 * entry['accuracy_drop']:.1f} pt")
+    train = (f" Train barrier {entry['train_barrier']:.4f} on {entry['train_eval_set']}."
+             if path_figs.has_train(entry) else "")
     st.caption(f"Barriers in {unit}; {entry.get('eval_set', 'evaluation set not recorded')}, "
-               f"{len(entry['lambdas'])} points on λ. Run {entry['run']['id']}, {entry['run']['status']}.")
+               f"{len(entry['lambdas'])} points on λ.{train} Run {entry['run']['id']}, {entry['run']['status']}.")
+
+
+def train_toggle(records: list[dict], key: str) -> bool:
+    """"Show train curves" (on by default) when any record has one; False when none has."""
+    if not any(path_figs.has_train(r) for r in records):
+        return False
+    return st.toggle("Show train curves", value=True, key=key,
+                     help="The same points on a sample of the train split, thin and dotted in the run's colour.")
 
 
 def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
@@ -104,14 +114,26 @@ def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads
         st.error(str(e))
         return
     labels = [label(e, names) for e in chosen]
-    charts.show(run_figs.comparison_figure(chosen, labels, "Loss along the linear path"), key="runs_compare_chart")
+    show_train = st.session_state.get("runs_compare_train", True)
+    charts.show(run_figs.comparison_figure(chosen, labels, "Loss along the linear path", show_train=show_train),
+                key="runs_compare_chart")
+    train_toggle(chosen, "runs_compare_train")
     unit = style.loss_unit(chosen[0])
-    st.dataframe([{"run": lab, "barrier": r["barrier"], "vs first": r["barrier_vs_first"],
-                   "midpoint barrier": r["midpoint_barrier"], "endpoint A": r["endpoint_loss_a"],
-                   "endpoint B": r["endpoint_loss_b"]} for lab, r in zip(labels, rows)],
-                 hide_index=True, key="runs_compare_table",
-                 column_config={k: st.column_config.NumberColumn(k, format="%.4f", help=f"In {unit}.")
-                                for k in ("barrier", "vs first", "midpoint barrier", "endpoint A", "endpoint B")})
+    any_train = any(path_figs.has_train(e) for e in chosen)
+    table = []
+    for lab, r, e in zip(labels, rows, chosen):
+        row = {"run": lab, "barrier": r["barrier"], "vs first": r["barrier_vs_first"],
+               "midpoint barrier": r["midpoint_barrier"], "endpoint A": r["endpoint_loss_a"],
+               "endpoint B": r["endpoint_loss_b"]}
+        if any_train:  # a run from before train curves has none: "-"
+            row["train barrier"] = f"{e['train_barrier']:.4f}" if path_figs.has_train(e) else "-"
+        table.append(row)
+    config = {k: st.column_config.NumberColumn(k, format="%.4f", help=f"In {unit}.")
+              for k in ("barrier", "vs first", "midpoint barrier", "endpoint A", "endpoint B")}
+    config["train barrier"] = st.column_config.TextColumn(
+        "train barrier", help=f"The barrier on a sample of the train split, in {unit}; - for a run made before "
+                              "train curves.")
+    st.dataframe(table, hide_index=True, key="runs_compare_table", column_config=config)
     curves = [(e, lab, "history") for e, lab in zip(chosen, labels)]
     st.download_button("Compared curves (CSV)", exports.curves_csv(curves), "runs__curves.csv", "text/csv",
                        key="runs_compare_csv", on_click="ignore", icon=":material/download:")
@@ -121,10 +143,13 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
     name = label(entry, names)
     show_numbers(entry)
     title = f"{names.get(entry['method'], entry['method'])}: {pair_name(entry['model_a'], entry['model_b'])}"
-    charts.show(path_figs.barrier_figure([entry], title=title, method_names=names), key="runs_open_chart")
+    show_train = st.session_state.get("runs_open_train", True)
+    charts.show(path_figs.barrier_figure([entry], title=title, method_names=names, show_train=show_train),
+                key="runs_open_chart")
+    train_toggle([entry], "runs_open_train")
     if entry.get("accuracy"):
-        charts.show(path_figs.accuracy_figure([entry], title="Accuracy along the linear path", method_names=names),
-                    key="runs_open_accuracy")
+        charts.show(path_figs.accuracy_figure([entry], title="Accuracy along the linear path", method_names=names,
+                                              show_train=show_train), key="runs_open_accuracy")
     with st.expander("Run config"):
         st.code(json.dumps(entry.get("config", {}), indent=1), language="json")
     downloads.record_downloads(entry, key="runs_open")
