@@ -25,7 +25,7 @@ from pathlib import PurePath
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.errors import LMCError
+from engine.api import LMCError
 
 CSV_COLUMNS = ("method", "curve", "source", "eval_set", "lambda", "loss", "accuracy")
 

@@ -12,7 +12,6 @@ import torch
 
 from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
-from engine.checks import EXACT_TOL  # noqa: F401 (for the app)
 from engine.data import default_splits, digits_sha256
 from engine.errors import ArchitectureMismatch, LMCError, ModelError
 from engine.evaluate import eval_set_for, evaluate, train_eval_set_for
@@ -34,12 +33,25 @@ from engine.results import (
     write_manifest,
 )
 from engine.zoo import ENTRIES, display_name, pairs, resolve
-from engine.zoo import manifest as zoo_manifest  # noqa: F401 (for the app)
+
+# isort: split
+# ---------------------------------------------------------------------------------------------
+# The app's one door into the engine: every module under app/ imports engine.api and nothing else
+# of the engine (tests/app/test_facade.py checks it). Besides this module's functions it uses the
+# names imported above (RunConfig, LMCError, CancelToken, Arch, ENTRIES, pairs, resolve, display_name,
+# cache_dir) and these, re-exported as they are: the exactness tolerance, Cancelled, the run history,
+# the phases and time estimates of a run, the memory release, the zoo manifest. What it computes
+# beyond them is a thin function of this module (method_names, method_steps, eval_size, ...).
+from engine.checks import EXACT_TOL  # noqa: F401
+from engine.errors import Cancelled  # noqa: F401
+from engine.history import compare as compare_runs  # noqa: F401
+from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
+from engine.history import summary as run_summary  # noqa: F401
+from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds  # noqa: F401
+from engine.resources import return_freed_memory  # noqa: F401
+from engine.zoo import manifest as zoo_manifest  # noqa: F401
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-# The app's pages import this module and nothing else of the engine: the names they need are here
-# (RunConfig, LMCError, EXACT_TOL, ENTRIES, display_name and the functions below).
 
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
@@ -616,3 +628,27 @@ def class_names() -> tuple[str, ...]:
     from engine.align import CLASSES
 
     return tuple(CLASSES)
+
+
+def method_names() -> dict[str, str]:
+    """Every alignment method in registry order (naive first), with the name a reader sees."""
+    from engine.align import METHODS
+
+    return {name: m.display_name for name, m in METHODS.items()}
+
+
+def method_steps(method: str) -> int:
+    """The optimisation budget a run of `method` asking for 0 steps gets (0: no steps, or no such method)."""
+    from engine.align import METHODS
+
+    return METHODS[method].default_steps if method in METHODS else 0
+
+
+def eval_size(task: str, n_ctx: int, eval_items: int | None, split: str = "test") -> int:
+    """Scored tokens (LM: byte-level windows of the split, as a zoo run evaluates) or images (ViT) of a
+    run asking for `eval_items` (None: the whole split), without loading a model."""
+    from engine.evaluate import DEFAULT_LM_CTX, lm_eval_set, vit_eval_set
+
+    if task == "vit":
+        return vit_eval_set(split, eval_items).size
+    return lm_eval_set(split, eval_items, n_ctx=min(n_ctx, DEFAULT_LM_CTX)).size
