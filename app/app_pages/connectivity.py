@@ -116,7 +116,8 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
         pair = exports.stem(curves[0][0]).rsplit("__", 1)[0]
         c1.download_button("Every curve (CSV)", exports.curves_csv(curves), f"{pair}__curves.csv", "text/csv",
                            key="export_curves", on_click="ignore", icon=":material/download:",
-                           help="One row per point: method, curve, source, evaluation set, λ, loss, accuracy.")
+                           help="One row per point of every test and train curve: method, curve, source, split, evaluation "
+                                "set, λ, loss, accuracy.")
         with c2:
             charts.download_button(key="export_figures")
 
