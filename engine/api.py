@@ -190,11 +190,12 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
-             cancel: CancelToken | None = None) -> dict:
+             cancel: CancelToken | None = None, train_curve: bool = True) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
-    split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set).
+    split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set);
+    `train_curve` False leaves the train curve out (the class ablation keeps test curves only).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
@@ -240,7 +241,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         raise LMCError("--save-merged cannot write a model of the circuit path under RoPE: its doubled heads "
                        "rotate with the endpoints' frequencies, which the reference checkpoint format does not record.")
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
-    train_es = train_eval_set_for(a, es)  # the train curve's bounded sample of the train split
+    train_es = train_eval_set_for(a, es) if train_curve else None  # a bounded sample of the train split
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
     cfg = final_config(replace(cfg, device=device), a.arch.task)
@@ -443,7 +444,7 @@ def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None)
         if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].task).hash():
             if log:
                 log(f"ablation {a} / {b}: {label}")
-            rec = run_pair(cfg)
+            rec = run_pair(cfg, train_curve=False)  # the ablation keeps test curves only
             row = _ablation_row(label, list(rec["alignment"]["classes"]) if method != "naive" else [], rec)
         abl["runs"].append(row)
         write_json_atomic(ablation_file(a, b), abl)  # after every run: a killed build resumes here

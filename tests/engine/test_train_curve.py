@@ -162,3 +162,9 @@ def test_the_cli_prints_the_train_barrier_beside_the_test_one(lm_dirs, capsys):
     train_line = next(line for line in out.splitlines() if line.startswith("train barrier "))
     assert out.splitlines().index(train_line) == out.splitlines().index(test_line) + 1
     assert "(austen/train, 128 tokens" in train_line
+
+
+def test_a_run_without_a_train_curve_has_no_train_fields_and_the_same_test_curve(lm_dirs, naive_lm_record):
+    rec = run_pair(RunConfig(*lm_dirs, "naive", points=3, eval_items=EVAL_TOKENS, dtype="float64"), train_curve=False)
+    assert not set(TRAIN_FIELDS) & set(rec) and record_problem(rec) is None
+    assert rec["loss"] == naive_lm_record["loss"]  # the train split changes nothing of the test curve
