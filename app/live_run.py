@@ -272,4 +272,5 @@ def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | Non
     except (LMCError, OSError):
         return dict.fromkeys(PHASES)
     steps = cfg.steps or api.method_steps(cfg.method)
-    return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs)
+    return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs,
+                                train_size=api.train_items(arch.task, size))

@@ -39,11 +39,13 @@ from engine.zoo import ENTRIES, display_name, pairs, resolve
 # The app's one door into the engine: every module under app/ imports engine.api and nothing else
 # of the engine (tests/app/test_facade.py checks it). Besides this module's functions it uses the
 # names imported above (RunConfig, LMCError, CancelToken, Arch, ENTRIES, pairs, resolve, display_name,
-# cache_dir) and these, re-exported as they are: the exactness tolerance, Cancelled, the run history,
-# the phases and time estimates of a run, the memory release, the zoo manifest. What it computes
-# beyond them is a thin function of this module (method_names, method_steps, eval_size, ...).
+# cache_dir) and these, re-exported as they are: the exactness tolerance, Cancelled, the train curve's
+# size (train_items), the run history, the phases and time estimates of a run, the memory release,
+# the zoo manifest. What it computes beyond them is a thin function of this module (method_names,
+# method_steps, eval_size, ...).
 from engine.checks import EXACT_TOL  # noqa: F401
 from engine.errors import Cancelled  # noqa: F401
+from engine.evaluate import train_items  # noqa: F401
 from engine.history import compare as compare_runs  # noqa: F401
 from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401

@@ -92,12 +92,16 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
 TRAIN_EVAL_ITEMS = 16_384
 
 
+def train_items(task: str, test_size: int) -> int:
+    """Items the train curve scores beside a test set of `test_size`: as many images (ViT), or
+    min(test_size, TRAIN_EVAL_ITEMS) tokens (LM, rounded down to whole windows by eval_set_for)."""
+    return test_size if task == "vit" else min(test_size, TRAIN_EVAL_ITEMS)
+
+
 def train_eval_set_for(model: Model, test: EvalSet) -> EvalSet:
-    """The train split's sample beside the evaluation set `test`: its first min(test.size, TRAIN_EVAL_ITEMS)
-    scored tokens (LM, in the model's evaluation windows, as eval_set_for) or its first test.size images
-    (ViT)."""
-    n = test.size if test.task == "vit" else min(test.size, TRAIN_EVAL_ITEMS)
-    return eval_set_for(model, "train", n)
+    """The train split's sample beside the evaluation set `test`: its first train_items scored tokens
+    (LM, in the model's evaluation windows, as eval_set_for) or images (ViT)."""
+    return eval_set_for(model, "train", train_items(test.task, test.size))
 
 
 # Evaluation memory. One forward holds its logits and its widest activations; both grow with the

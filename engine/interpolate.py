@@ -159,7 +159,7 @@ def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: i
     or "circuits" (each head's QK and OV circuits lerp: engine.circuits.CircuitPath, a model with
     heads twice as wide). `train_es`, when given, is evaluated at every point right after `es`, on the
     same model (one walk of the path): the train curve, fields train_loss, train_accuracy,
-    train_barrier, train_midpoint_barrier and train_eval_set. `progress` hears of every grid point once
+    train_barrier, train_midpoint_barrier, train_eval_set and train_eval_tokens | train_eval_images. `progress` hears of every grid point once
     both its evaluations are done; `cancel` is checked before each point, each evaluation and each
     evaluation batch (engine.cancel).
     """
@@ -204,6 +204,7 @@ def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: i
             "train_barrier": mt["barrier"],
             "train_midpoint_barrier": mt["midpoint_barrier"],
             "train_eval_set": train_es.description,
+            ("train_eval_images" if train_es.task == "vit" else "train_eval_tokens"): train_es.size,
         }
     out["interpolate_seconds"] = time.perf_counter() - t0
     return out

@@ -5,7 +5,8 @@ result record is plain JSON, written atomically, holding at least: method, model
 lambdas, loss, accuracy, barrier, midpoint_barrier, endpoint_loss_a, endpoint_loss_b, eval_tokens |
 eval_images, timings, config, config_hash and provenance (engine version, git commit, torch and
 transformers versions, device, dtype, threads). Records made since the train curve also hold
-train_loss, train_accuracy, train_barrier, train_midpoint_barrier and train_eval_set (TRAIN_FIELDS);
+train_loss, train_accuracy, train_barrier, train_midpoint_barrier, train_eval_set and
+train_eval_tokens | train_eval_images (TRAIN_FIELDS);
 older ones lack them and stay valid.
 
 The store degrades gracefully: a record that is not valid JSON, not an object, or lacks a field is
@@ -189,7 +190,8 @@ def make_record(cfg: RunConfig, path_result: dict, timings: dict[str, float], **
 
 
 # The train curve (optional): the path's points on a bounded sample of the train split (engine.interpolate).
-TRAIN_FIELDS = ("train_loss", "train_accuracy", "train_barrier", "train_midpoint_barrier", "train_eval_set")
+TRAIN_FIELDS = ("train_loss", "train_accuracy", "train_barrier", "train_midpoint_barrier", "train_eval_set",
+                "train_eval_tokens", "train_eval_images")
 
 
 def _number(v) -> bool:
@@ -250,6 +252,9 @@ def _train_problem(rec: dict, name: str, n: int) -> str | None:
         return f"{name}: train_accuracy must be null or one number per lambda."
     if not isinstance(rec.get("train_eval_set"), str):
         return f"{name}: a record with train_loss needs train_eval_set, the description of its train sample."
+    for k in ("train_eval_tokens", "train_eval_images"):
+        if k in rec and not (_number(rec[k]) and rec[k] == int(rec[k]) and rec[k] > 0):
+            return f"{name}: {k} must be a positive whole number, not {rec[k]!r}."
     return None
 
 

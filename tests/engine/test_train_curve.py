@@ -10,9 +10,10 @@ from engine.api import load_named, run_pair
 from engine.cancel import CancelToken
 from engine.cli import main
 from engine.errors import Cancelled
-from engine.evaluate import TRAIN_EVAL_ITEMS, eval_set_for, evaluate, train_eval_set_for
+from engine.evaluate import TRAIN_EVAL_ITEMS, eval_set_for, evaluate, train_eval_set_for, train_items
 from engine.interpolate import barrier_metrics, interpolate
 from engine.models import save_model
+from engine.progress import estimate_seconds
 from engine.results import TRAIN_FIELDS, RunConfig, record_problem
 
 N_CTX = 16
@@ -51,7 +52,7 @@ def test_a_naive_record_carries_a_train_curve_whose_endpoints_are_the_models_tra
     assert len(rec["train_loss"]) == len(rec["lambdas"]) == 3 and rec["train_accuracy"] is None
     a, es = train_sample(lm_dirs[0], EVAL_TOKENS)
     b, _ = train_sample(lm_dirs[1], EVAL_TOKENS)
-    assert rec["train_eval_set"] == es.description and es.size == EVAL_TOKENS
+    assert rec["train_eval_set"] == es.description and rec["train_eval_tokens"] == es.size == EVAL_TOKENS
     assert rec["train_eval_set"].startswith("austen/train, 128 tokens")
     assert rec["train_loss"][0] == evaluate(a, es)["loss"]  # lam 0 and 1 are the endpoints exactly (lerp)
     assert rec["train_loss"][-1] == evaluate(b, es)["loss"]
@@ -75,7 +76,7 @@ def test_a_vit_record_has_a_train_accuracy_curve_on_as_many_train_images(vit_dir
     rec = run_pair(RunConfig(*vit_dirs, "naive", points=3, eval_items=40, dtype="float64"))
     a, es = train_sample(vit_dirs[0], 40)
     b, _ = train_sample(vit_dirs[1], 40)
-    assert es.size == 40 and rec["train_eval_set"] == "digits/train, 40 images"
+    assert rec["train_eval_images"] == es.size == 40 and rec["train_eval_set"] == "digits/train, 40 images"
     ra, rb = evaluate(a, es), evaluate(b, es)
     assert rec["train_loss"][0] == ra["loss"] and rec["train_loss"][-1] == rb["loss"]
     assert rec["train_accuracy"][0] == ra["accuracy"] and rec["train_accuracy"][-1] == rb["accuracy"]
@@ -145,6 +146,8 @@ def test_old_records_without_a_train_curve_still_validate(naive_lm_record):
     ({"train_barrier": None}, "record: train_barrier must be a number, not NoneType."),
     ({"train_accuracy": [0.5]}, "record: train_accuracy must be null or one number per lambda."),
     ({"train_eval_set": 3}, "record: a record with train_loss needs train_eval_set, the description of its train sample."),
+    ({"train_eval_tokens": 0}, "record: train_eval_tokens must be a positive whole number, not 0."),
+    ({"train_eval_tokens": 1.5}, "record: train_eval_tokens must be a positive whole number, not 1.5."),
 ])
 def test_a_broken_train_curve_is_refused_with_one_sentence(naive_lm_record, change, problem):
     assert record_problem(naive_lm_record | change) == problem
@@ -168,3 +171,19 @@ def test_a_run_without_a_train_curve_has_no_train_fields_and_the_same_test_curve
     rec = run_pair(RunConfig(*lm_dirs, "naive", points=3, eval_items=EVAL_TOKENS, dtype="float64"), train_curve=False)
     assert not set(TRAIN_FIELDS) & set(rec) and record_problem(rec) is None
     assert rec["loss"] == naive_lm_record["loss"]  # the train split changes nothing of the test curve
+
+
+def test_estimates_count_the_train_items_a_path_scores_at_every_point():
+    arch = {"d_model": 32}
+    ref = {"method": "weight", "arch": arch, "eval_tokens": 3000, "train_eval_tokens": 1000, "lambdas": [0.0] * 10,
+           "timings": {"load": 0.5, "align": 2.0, "interpolate": 8.0}, "config": {}}
+    per = 8.0 / ((3000 + 1000) * 10)  # the record's path scored test and train items at every point
+    test = 500
+    est = estimate_seconds("weight", arch, test, 21, 0, [ref], train_size=train_items("lm", test))
+    assert est["interpolate"] == pytest.approx(per * 21 * (test + test))  # a small run's train sample: as large
+    assert est["measure B"] == pytest.approx(per * test)  # B is measured on the test set only
+    big = estimate_seconds("weight", arch, 65_536, 21, 0, [ref], train_size=train_items("lm", 65_536))
+    assert big["interpolate"] == pytest.approx(per * 21 * (65_536 + TRAIN_EVAL_ITEMS))
+    assert train_items("vit", 360) == 360
+    no_train = {k: v for k, v in ref.items() if k != "train_eval_tokens"}
+    assert estimate_seconds("weight", arch, test, 21, 0, [no_train])["interpolate"] == pytest.approx(8.0 / 3000 / 10 * 21 * test)
