@@ -55,7 +55,8 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
     return st.select_slider(
         label, options, value=DEFAULT_ITEMS[sel.task], key=f"eval_items_{sel.task or 'custom'}",
         format_func=lambda n: items_label(n, sel.task),
-        help="Test-set subset the live run scores at each of the 21 points on λ.",
+        help="Test-set subset the live run scores at each of the 21 points on λ; its train curve scores a "
+             "train-split sample of the same size (capped for language models).",
     )
 
 
