@@ -1,7 +1,8 @@
 """Every result the app shows, as a file: pure functions from records and figures to bytes.
 
     record_json    the result record as the engine writes it (engine.results.write_record's JSON)
-    curves_csv     one row per grid point of every curve: method, source, λ, loss, accuracy
+    curves_csv     one row per grid point of every curve, test and train: method, source, split, λ, loss,
+                   accuracy
     element_npz    the group element of an aligned record (alignment.element; dual runs also
                    alignment.element_a) as named NumPy arrays; element_json the same as JSON
     figure_html    a figure as a self-contained HTML page (plotly.js inside: opens offline)
@@ -25,9 +26,9 @@ from pathlib import PurePath
 import numpy as np
 import plotly.graph_objects as go
 
-from engine.errors import LMCError
+from engine.api import LMCError
 
-CSV_COLUMNS = ("method", "curve", "source", "eval_set", "lambda", "loss", "accuracy")
+CSV_COLUMNS = ("method", "curve", "source", "split", "eval_set", "lambda", "loss", "accuracy")
 
 
 def _name(model: str) -> str:
@@ -49,16 +50,23 @@ def record_json(rec: dict) -> bytes:
 def curves_csv(curves: Sequence[tuple[dict, str, str]]) -> bytes:
     """(record, legend name, source) per curve -> CSV with CSV_COLUMNS, one row per grid point.
 
-    `source` says where a curve came from ("cached" or "live"); accuracy is empty for LMs.
+    `source` says where a curve came from ("cached" or "live"); `split` is the record's evaluation split
+    (test, or val), then "train" for the rows of its train curve when it has one; accuracy is empty
+    for LMs.
     """
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
     w.writerow(CSV_COLUMNS)
     for rec, name, source in curves:
-        acc = rec.get("accuracy") or [None] * len(rec["lambdas"])
-        for lam, loss, a in zip(rec["lambdas"], rec["loss"], acc):
-            w.writerow([rec["method"], name, source, rec.get("eval_set", ""), repr(float(lam)), repr(float(loss)),
-                        "" if a is None else repr(float(a))])
+        n = len(rec["lambdas"])
+        split = (rec.get("config") or {}).get("eval_split", "test")
+        parts = [(split, rec.get("eval_set", ""), rec["loss"], rec.get("accuracy"))]
+        if rec.get("train_loss"):
+            parts.append(("train", rec.get("train_eval_set", ""), rec["train_loss"], rec.get("train_accuracy")))
+        for part, eval_set, loss, acc in parts:
+            for lam, v, a in zip(rec["lambdas"], loss, acc or [None] * n):
+                w.writerow([rec["method"], name, source, part, eval_set, repr(float(lam)), repr(float(v)),
+                            "" if a is None else repr(float(a))])
     return out.getvalue().encode()
 
 

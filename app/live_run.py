@@ -12,7 +12,7 @@ grid point, so the worker ends, and the CPU falls idle, within one unit of work.
 as ended once streamlit has held it disconnected for SESSION_GRACE_S (a tab closed; a brief network
 drop reconnects to the same session and keeps its run).
 
-A run that ends with a record is kept in the user's run history (engine.history, the Runs page),
+A run that ends with a record is kept in the user's run history (engine.api.save_run, the Runs page),
 by the worker itself, so it is kept even when nobody watches the page any more.
 """
 
@@ -25,11 +25,8 @@ import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
-from engine.cancel import CancelToken
-from engine.errors import Cancelled, LMCError
-from engine.models.base import Arch
-from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds
-from engine.results import RunConfig
+from engine import api
+from engine.api import PHASES, Cancelled, CancelToken, LMCError, RunConfig, Update
 
 POLL_S = 0.5  # how often the page redraws a running run
 SESSION_GRACE_S = 30.0  # a session disconnected this long stops its run
@@ -41,16 +38,12 @@ Runner = Callable[..., dict]  # run_pair(cfg, progress, cancel=token) -> record
 
 
 def _run_pair(cfg: RunConfig, progress, cancel: CancelToken) -> dict:
-    from engine import api  # looked up per call: tests may stand in for it
-
-    return api.run_pair(cfg, progress, cancel=cancel)
+    return api.run_pair(cfg, progress, cancel=cancel)  # looked up per call: tests may stand in for it
 
 
 def keep_in_history(record: dict) -> None:
-    """Keep a finished run's record in the user's run history (engine.history), across sessions."""
-    from engine import history
-
-    history.save_run(record)
+    """Keep a finished run's record in the user's run history (engine.api.save_run), across sessions."""
+    api.save_run(record)
 
 
 @dataclass(frozen=True)
@@ -221,13 +214,13 @@ def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
     for p in phases_of(snap.cfg.method):
         label, u, est = PHASE_LABELS[p], snap.phases.get(p), snap.estimates.get(p)
         if u is None:
-            rows.append((p, 0.0, f"{label}: about {fmt_seconds(est)}" if est is not None else f"{label}: to come"))
+            rows.append((p, 0.0, f"{label}: about {api.fmt_seconds(est)}" if est is not None else f"{label}: to come"))
         elif p != now or snap.state == "done":
-            rows.append((p, 1.0, f"{label}: done in {fmt_seconds(u.elapsed_s)}"))
+            rows.append((p, 1.0, f"{label}: done in {api.fmt_seconds(u.elapsed_s)}"))
         elif snap.finished:
             rows.append((p, u.fraction, f"{label}: {snap.state} at {u.message or 'its start'}"))
         else:
-            left = f" · about {fmt_seconds(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
+            left = f" · about {api.fmt_seconds(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
                 if u.eta_s is not None else ""
             rows.append((p, u.fraction, f"{label}: {u.message or 'starting'}{left}"))
     return rows
@@ -235,10 +228,10 @@ def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
 
 def headline(snap: Snapshot) -> str:
     """The run's one-line state: 'Running … about 40 s left', 'Done in 12 s', 'Stopped after 3 s'."""
-    took = fmt_seconds(snap.elapsed_s)
+    took = api.fmt_seconds(snap.elapsed_s)
     if snap.state == "running":
-        rest = remaining_seconds(snap.current, snap.estimates)
-        return f"Running for {took}" + (f", about {fmt_seconds(rest)} left" if rest is not None else "")
+        rest = api.remaining_seconds(snap.current, snap.estimates)
+        return f"Running for {took}" + (f", about {api.fmt_seconds(rest)} left" if rest is not None else "")
     return {"stopping": "Stopping…", "done": f"Done in {took}", "stopped": f"Stopped after {took}",
             "failed": "Run failed"}[snap.state]
 
@@ -249,9 +242,9 @@ def before_run(estimates: dict[str, float | None], method: str) -> str | None:
     if any(v is None for v in parts.values()):
         return None
     total = sum(parts.values())
-    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {fmt_seconds(v)}"
+    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {api.fmt_seconds(v)}"
                        for p, v in parts.items() if v > 0)  # naive aligns nothing: no "0 s" for it
-    return f"About {fmt_seconds(total)} ({detail}), at the pace of earlier runs of this architecture."
+    return f"About {api.fmt_seconds(total)} ({detail}), at the pace of earlier runs of this architecture."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,33 +252,25 @@ def before_run(estimates: dict[str, float | None], method: str) -> str | None:
 
 
 @functools.lru_cache(maxsize=64)
-def _arch(path: str, stamp: int) -> Arch:
-    from engine.resources import model_shape
-
-    return model_shape(path).arch
+def _arch(path: str, stamp: int) -> api.Arch:
+    return api.model_info(path).arch
 
 
 @functools.lru_cache(maxsize=64)
 def eval_size(task: str, n_ctx: int, eval_items: int | None) -> int:
     """Scored tokens (LM, byte-level windows of the test split) or images (ViT) of a live run."""
-    from engine.evaluate import DEFAULT_LM_CTX, lm_eval_set, vit_eval_set
-
-    if task == "vit":
-        return vit_eval_set("test", eval_items).size
-    return lm_eval_set("test", eval_items, n_ctx=min(n_ctx, DEFAULT_LM_CTX)).size
+    return api.eval_size(task, n_ctx, eval_items)
 
 
 def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | None]:
     """About how long each phase of `cfg` takes, from earlier records `refs` (best first): None where
     no record of the same architecture (and method) can tell, or the models cannot be read."""
-    from engine.align import METHODS
-    from engine.zoo import resolve
-
     try:
-        path = resolve(cfg.model_a)
+        path = api.resolve(cfg.model_a)
         arch = _arch(str(path), (path / "config.json").stat().st_mtime_ns)
         size = eval_size(arch.task, arch.n_ctx, cfg.eval_items)
     except (LMCError, OSError):
         return dict.fromkeys(PHASES)
-    steps = cfg.steps or (METHODS[cfg.method].default_steps if cfg.method in METHODS else 0)
-    return estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs)
+    steps = cfg.steps or api.method_steps(cfg.method)
+    return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs,
+                                train_size=api.train_items(arch.task, size))

@@ -13,7 +13,7 @@ import streamlit as st
 
 from app.sidebar import Selection
 from engine import api
-from engine.errors import LMCError
+from engine.api import LMCError
 
 
 def error(problem: LMCError | str) -> None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from engine import zoo
+from engine import api
 
 # Short labels fit the sidebar picker; long ones head the page.
 TASK_LABELS = {"lm": "LM", "vit": "ViT"}
@@ -33,18 +33,8 @@ class Selection:
 
 
 def methods() -> dict[str, str]:
-    """Method name -> display name, from the engine's aligner registry once it has one.
-
-    Until engine.align exposes METHODS, the engine runs only the plain (unaligned) interpolation.
-    """
-    try:
-        from engine.align import METHODS  # type: ignore[attr-defined]
-    except ImportError:
-        return {"naive": "Naive (no alignment)"}
-    def display(name: str, m) -> str:
-        return m.get("display_name", name) if isinstance(m, dict) else getattr(m, "display_name", name)
-
-    return {name: display(name, m) for name, m in METHODS.items()}
+    """Method name -> display name, from the engine's aligner registry (naive first)."""
+    return api.method_names()
 
 
 def pair_key(a: str, b: str) -> str:
@@ -53,17 +43,17 @@ def pair_key(a: str, b: str) -> str:
 
 def pair_label(a: str, b: str) -> str:
     """'LM · RoPE · seeds 0, 1' for a zoo pair: short enough for the sidebar."""
-    ea, eb = zoo.ENTRIES[a], zoo.ENTRIES[b]
+    ea, eb = api.ENTRIES[a], api.ENTRIES[b]
     return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]} · seeds {ea.seed}, {eb.seed}"
 
 
 def pair_title(a: str, b: str) -> str:
-    ea = zoo.ENTRIES[a]
+    ea = api.ENTRIES[a]
     return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}"
 
 
 def _zoo_pairs() -> dict[str, tuple[str, str]]:
-    return {pair_key(a, b): (a, b) for a, b in zoo.pairs()}
+    return {pair_key(a, b): (a, b) for a, b in api.pairs()}
 
 
 def render() -> None:
@@ -96,4 +86,4 @@ def selection() -> Selection:
         b = (st.session_state.get("model_b_dir") or "").strip()
         return Selection(a, b, method, None, "Two model directories", custom=True)
     a, b = _zoo_pairs()[key]
-    return Selection(a, b, method, zoo.ENTRIES[a].task, pair_title(a, b), custom=False)
+    return Selection(a, b, method, api.ENTRIES[a].task, pair_title(a, b), custom=False)

@@ -16,7 +16,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from app import live_run, sidebar
-from engine.resources import return_freed_memory
+from engine.api import return_freed_memory
 
 return_freed_memory()  # large freed tensors go back to the OS: live runs do not ratchet memory up
 

@@ -12,10 +12,9 @@ import torch
 
 from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
-from engine.checks import EXACT_TOL  # noqa: F401 (for the app)
 from engine.data import default_splits, digits_sha256
 from engine.errors import ArchitectureMismatch, LMCError, ModelError
-from engine.evaluate import eval_set_for, evaluate
+from engine.evaluate import eval_set_for, evaluate, train_eval_set_for
 from engine.interpolate import LinearPath, check_same_architecture, interpolate, make_path
 from engine.models import Model, load_model, save_model
 from engine.models.base import Arch
@@ -34,12 +33,27 @@ from engine.results import (
     write_manifest,
 )
 from engine.zoo import ENTRIES, display_name, pairs, resolve
-from engine.zoo import manifest as zoo_manifest  # noqa: F401 (for the app)
+
+# isort: split
+# ---------------------------------------------------------------------------------------------
+# The app's one door into the engine: every module under app/ imports engine.api and nothing else
+# of the engine (tests/app/test_facade.py checks it). Besides this module's functions it uses the
+# names imported above (RunConfig, LMCError, CancelToken, Arch, ENTRIES, pairs, resolve, display_name,
+# cache_dir) and these, re-exported as they are: the exactness tolerance, Cancelled, the train curve's
+# size (train_items), the run history, the phases and time estimates of a run, the memory release,
+# the zoo manifest. What it computes beyond them is a thin function of this module (method_names,
+# method_steps, eval_size, ...).
+from engine.checks import EXACT_TOL  # noqa: F401
+from engine.errors import Cancelled  # noqa: F401
+from engine.evaluate import train_items  # noqa: F401
+from engine.history import compare as compare_runs  # noqa: F401
+from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
+from engine.history import summary as run_summary  # noqa: F401
+from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds  # noqa: F401
+from engine.resources import return_freed_memory  # noqa: F401
+from engine.zoo import manifest as zoo_manifest  # noqa: F401
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-# The app's pages import this module and nothing else of the engine: the names they need are here
-# (RunConfig, LMCError, EXACT_TOL, ENTRIES, display_name and the functions below).
 
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
@@ -178,9 +192,12 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
-             cancel: CancelToken | None = None) -> dict:
+             cancel: CancelToken | None = None, train_curve: bool = True) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
+    The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
+    split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set);
+    `train_curve` False leaves the train curve out (the class ablation keeps test curves only).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
@@ -226,6 +243,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         raise LMCError("--save-merged cannot write a model of the circuit path under RoPE: its doubled heads "
                        "rotate with the endpoints' frequencies, which the reference checkpoint format does not record.")
     es = eval_set_for(a, cfg.eval_split, cfg.eval_items)  # before the work: a bad tokenizer fails fast
+    train_es = train_eval_set_for(a, es) if train_curve else None  # a bounded sample of the train split
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
     cfg = final_config(replace(cfg, device=device), a.arch.task)
@@ -244,7 +262,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),
-                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path)
+                       offload=offload, device=device if offload else None, cancel=cancel, path=cfg.path,
+                       train_es=train_es)
     t1 = time.perf_counter()
     check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
@@ -318,8 +337,9 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     """Precompute a record for every same-architecture zoo pair x method into the store; resumable.
 
     Everything is validated before any work: the methods, the pairs (zoo pairs only) and the store
-    directory. A stored record whose config hash matches the run's is kept as it is (a killed build
-    resumes where it stopped; `force` recomputes everything); a broken one is recomputed. The manifest
+    directory. A stored record whose config hash matches the run's and that has a train curve is kept as
+    it is (a killed build resumes where it stopped; `force` recomputes everything); a broken one, or one
+    from before records had a train curve, is recomputed. The manifest
     is rebuilt from the records present. Returns the records of every pair x method, kept or new.
     """
     from tqdm import tqdm
@@ -345,7 +365,8 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         for m in methods:
             cfg = RunConfig(a, b, m, eval_items=eval_items)
             old = cached_record(a, b, m, root)
-            if old is not None and not force and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash():
+            current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
+            if current and not force and "train_loss" in old:  # records from before the train curve are redone
                 out.append(old)
             else:
                 todo.append(cfg)
@@ -426,7 +447,7 @@ def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None)
         if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].task).hash():
             if log:
                 log(f"ablation {a} / {b}: {label}")
-            rec = run_pair(cfg)
+            rec = run_pair(cfg, train_curve=False)  # the ablation keeps test curves only
             row = _ablation_row(label, list(rec["alignment"]["classes"]) if method != "naive" else [], rec)
         abl["runs"].append(row)
         write_json_atomic(ablation_file(a, b), abl)  # after every run: a killed build resumes here
@@ -611,3 +632,27 @@ def class_names() -> tuple[str, ...]:
     from engine.align import CLASSES
 
     return tuple(CLASSES)
+
+
+def method_names() -> dict[str, str]:
+    """Every alignment method in registry order (naive first), with the name a reader sees."""
+    from engine.align import METHODS
+
+    return {name: m.display_name for name, m in METHODS.items()}
+
+
+def method_steps(method: str) -> int:
+    """The optimisation budget a run of `method` asking for 0 steps gets (0: no steps, or no such method)."""
+    from engine.align import METHODS
+
+    return METHODS[method].default_steps if method in METHODS else 0
+
+
+def eval_size(task: str, n_ctx: int, eval_items: int | None, split: str = "test") -> int:
+    """Scored tokens (LM: byte-level windows of the split, as a zoo run evaluates) or images (ViT) of a
+    run asking for `eval_items` (None: the whole split), without loading a model."""
+    from engine.evaluate import DEFAULT_LM_CTX, lm_eval_set, vit_eval_set
+
+    if task == "vit":
+        return vit_eval_set(split, eval_items).size
+    return lm_eval_set(split, eval_items, n_ctx=min(n_ctx, DEFAULT_LM_CTX)).size

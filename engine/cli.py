@@ -71,11 +71,18 @@ def _print_path_table(rec: dict) -> None:
     folded = rec.get("loss_folded") if rec.get("folded_rewrite") else None  # naive: the aligned runs' coordinates
     print(f"{rec['method']}, {rec.get('path', 'weights')} path: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
           f"{rec.get('provenance', {}).get('device', '?')})")
-    print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else "") + (f" {'aligned coords':>15}" if folded else ""))
+    train = rec.get("train_loss")  # records from before the train curve have none
+    print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else "") + (f" {'train':>9}" if train else "")
+          + (f" {'aligned coords':>15}" if folded else ""))
     for i, (t, l) in enumerate(zip(rec["lambdas"], rec["loss"])):
-        print(f"{t:7.2f} {l:9.4f}" + (f" {acc[i]:7.2%}" if acc else "") + (f" {folded[i]:15.4f}" if folded else ""))
+        print(f"{t:7.2f} {l:9.4f}" + (f" {acc[i]:7.2%}" if acc else "") + (f" {train[i]:9.4f}" if train else "")
+              + (f" {folded[i]:15.4f}" if folded else ""))
     print(f"barrier {rec['barrier']:.4f}  midpoint barrier {rec['midpoint_barrier']:.4f}  "
           f"endpoints {rec['endpoint_loss_a']:.4f} / {rec['endpoint_loss_b']:.4f}")
+    if train:
+        mid = rec.get("train_midpoint_barrier")
+        print(f"train barrier {rec['train_barrier']:.4f}" + (f"  midpoint barrier {mid:.4f}" if mid is not None else "")
+              + f"  endpoints {train[0]:.4f} / {train[-1]:.4f}  ({rec['train_eval_set']})")
     if "barrier_folded" in rec:
         where = (f"after {rec['folded_rewrite']}, as the aligned runs interpolate" if rec["folded_rewrite"] else
                  "the same coordinates: the aligned runs rewrite nothing here")

@@ -85,6 +85,25 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
     return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), tokenizer=tok)
 
 
+# The train curve of a record: the path's points also scored on a bounded sample of the train split,
+# at most a quarter of the default test evaluation (engine.api.DEFAULT_EVAL_ITEMS), so the curve that
+# says whether a barrier is one of optimisation or of generalisation costs little. Digits are cheap:
+# as many train images as the test set has.
+TRAIN_EVAL_ITEMS = 16_384
+
+
+def train_items(task: str, test_size: int) -> int:
+    """Items the train curve scores beside a test set of `test_size`: as many images (ViT), or
+    min(test_size, TRAIN_EVAL_ITEMS) tokens (LM, rounded down to whole windows by eval_set_for)."""
+    return test_size if task == "vit" else min(test_size, TRAIN_EVAL_ITEMS)
+
+
+def train_eval_set_for(model: Model, test: EvalSet) -> EvalSet:
+    """The train split's sample beside the evaluation set `test`: its first train_items scored tokens
+    (LM, in the model's evaluation windows, as eval_set_for) or images (ViT)."""
+    return eval_set_for(model, "train", train_items(test.task, test.size))
+
+
 # Evaluation memory. One forward holds its logits and its widest activations; both grow with the
 # tokens it scores, and at a GPT-2 vocabulary (50,257) the logits dominate: a batch is sized so the
 # two together stay under EVAL_BUDGET_BYTES. The loss is then taken in chunks of rows, so the

@@ -150,26 +150,38 @@ def accuracy_drop(lambdas: list[float], acc: list[float]) -> float:
 
 def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: int | None = None,
                 progress: Progress | None = None, offload: bool = False, device: str | torch.device | None = None,
-                autocast: bool = False, cancel: CancelToken | None = None, path: str = "weights") -> dict:
+                autocast: bool = False, cancel: CancelToken | None = None, path: str = "weights",
+                train_es: EvalSet | None = None) -> dict:
     """Loss (and accuracy) along the path on `es`; the barrier fields of a result record.
 
     `max_tokens` and `autocast` go to every evaluation (engine.evaluate.evaluate); `offload` and
     `device` place the path (LinearPath). `path` is "weights" (the factored weights lerp: LinearPath)
     or "circuits" (each head's QK and OV circuits lerp: engine.circuits.CircuitPath, a model with
-    heads twice as wide). `progress` hears of every grid point; `cancel` is checked before each point
-    and each evaluation batch (engine.cancel).
+    heads twice as wide). `train_es`, when given, is evaluated at every point right after `es`, on the
+    same model (one walk of the path): the train curve, fields train_loss, train_accuracy,
+    train_barrier, train_midpoint_barrier, train_eval_set and train_eval_tokens | train_eval_images. `progress` hears of every grid point once
+    both its evaluations are done; `cancel` is checked before each point, each evaluation and each
+    evaluation batch (engine.cancel).
     """
     t0 = time.perf_counter()
     line = make_path(a, b, path, offload=offload, device=device)
     lambdas = grid(points)
-    loss, acc = [], []
+    loss, acc, train_loss, train_acc = [], [], [], []
     for i, lam in enumerate(lambdas):
         check(cancel, f"interpolation, point {i + 1}/{points}")
-        r = evaluate(line.at(lam), es, max_tokens, autocast, cancel=cancel)
+        model = line.at(lam)
+        r = evaluate(model, es, max_tokens, autocast, cancel=cancel)
         loss.append(r["loss"])
         acc.append(r["accuracy"])
+        message = f"lambda = {lam:.2f}: loss {r['loss']:.4f}"
+        if train_es is not None:
+            check(cancel, f"interpolation, point {i + 1}/{points}, train split")
+            rt = evaluate(model, train_es, max_tokens, autocast, cancel=cancel)
+            train_loss.append(rt["loss"])
+            train_acc.append(rt["accuracy"])
+            message += f", train {rt['loss']:.4f}"
         if progress:
-            progress(i + 1, points, f"lambda = {lam:.2f}: loss {r['loss']:.4f}")
+            progress(i + 1, points, message)
     m = barrier_metrics(lambdas, loss)
     out = {
         "path": path,
@@ -183,6 +195,16 @@ def interpolate(a: Model, b: Model, es: EvalSet, points: int = 21, max_tokens: i
         "accuracy_drop": accuracy_drop(lambdas, acc) if es.task == "vit" else None,
         "eval_set": es.description,
         ("eval_images" if es.task == "vit" else "eval_tokens"): es.size,
-        "interpolate_seconds": time.perf_counter() - t0,
     }
+    if train_es is not None:
+        mt = barrier_metrics(lambdas, train_loss)
+        out |= {
+            "train_loss": train_loss,
+            "train_accuracy": train_acc if train_es.task == "vit" else None,
+            "train_barrier": mt["barrier"],
+            "train_midpoint_barrier": mt["midpoint_barrier"],
+            "train_eval_set": train_es.description,
+            ("train_eval_images" if train_es.task == "vit" else "train_eval_tokens"): train_es.size,
+        }
+    out["interpolate_seconds"] = time.perf_counter() - t0
     return out

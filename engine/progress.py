@@ -86,6 +86,13 @@ def record_items(rec: dict) -> int | None:
     return n if isinstance(n, int) and n > 0 else None
 
 
+def record_train_items(rec: dict) -> int:
+    """Scored tokens or images of a record's train curve, evaluated at every point beside the test
+    set (0 for a record without one)."""
+    n = rec.get("train_eval_tokens", rec.get("train_eval_images"))
+    return n if isinstance(n, int) and n > 0 else 0
+
+
 def same_arch(a: dict | None, b: dict) -> bool:
     """Whether a record's architecture is `b`, on the fields both know (records written before a field
     was added to Arch lack it)."""
@@ -110,21 +117,24 @@ def naive_paths(arch) -> int:
 
 
 def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
-                     refs: Iterable[dict]) -> dict[str, float | None]:
+                     refs: Iterable[dict], train_size: int = 0) -> dict[str, float | None]:
     """About how long each phase of a run will take, from earlier records `refs` (best first).
 
     The first record of the same architecture (`same_arch`) gives the evaluation rate (its path's seconds per
     point per scored item) and the loading time; the first of the same architecture and method gives
     the alignment time, scaled by the step budget for learned and dual matching. `steps` is the
-    run's budget (0 for methods without one). A phase no record can tell is None.
+    run's budget (0 for methods without one); `train_size` the items of its train curve
+    (engine.evaluate.train_items; 0 without one), scored at every point of the path like a record's
+    own train items. A phase no record can tell is None.
     """
     out: dict[str, float | None] = dict.fromkeys(PHASES)
     same = [r for r in refs if same_arch(r.get("arch"), arch) and isinstance(r.get("timings"), dict)]
     for r in same:
         t, n, k = r["timings"], record_items(r), len(r.get("lambdas") or ())
         if n and k and isinstance(t.get("interpolate"), (int, float)):
-            per_item_point = t["interpolate"] / (n * k)
-            out["interpolate"] = per_item_point * eval_size * points * (naive_paths(arch) if method == "naive" else 1)
+            per_item_point = t["interpolate"] / ((n + record_train_items(r)) * k)
+            paths = naive_paths(arch) if method == "naive" else 1  # naive's second path: test split only
+            out["interpolate"] = per_item_point * points * (eval_size * paths + train_size)
             out["measure B"] = 0.0 if method == "naive" else per_item_point * eval_size
             out["load"] = float(t.get("load", 0.0))
             break

@@ -4,7 +4,10 @@ A run is described by one frozen `RunConfig`, validated when it is made; its has
 result record is plain JSON, written atomically, holding at least: method, model_a, model_b,
 lambdas, loss, accuracy, barrier, midpoint_barrier, endpoint_loss_a, endpoint_loss_b, eval_tokens |
 eval_images, timings, config, config_hash and provenance (engine version, git commit, torch and
-transformers versions, device, dtype, threads).
+transformers versions, device, dtype, threads). Records made since the train curve also hold
+train_loss, train_accuracy, train_barrier, train_midpoint_barrier, train_eval_set and
+train_eval_tokens | train_eval_images (TRAIN_FIELDS);
+older ones lack them and stay valid.
 
 The store degrades gracefully: a record that is not valid JSON, not an object, or lacks a field is
 skipped with a StoreWarning naming the file (the CLI prints it on stderr), never taking the table,
@@ -186,6 +189,11 @@ def make_record(cfg: RunConfig, path_result: dict, timings: dict[str, float], **
     }
 
 
+# The train curve (optional): the path's points on a bounded sample of the train split (engine.interpolate).
+TRAIN_FIELDS = ("train_loss", "train_accuracy", "train_barrier", "train_midpoint_barrier", "train_eval_set",
+                "train_eval_tokens", "train_eval_images")
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -220,6 +228,33 @@ def record_problem(rec, name: str = "record") -> str | None:
         return f"{name}: a record with accuracy needs a numeric accuracy_drop."
     if not all(math.isfinite(x) for x in lam):
         return f"{name}: lambdas must be finite."
+    return _train_problem(rec, name, len(lam))
+
+
+def _train_problem(rec: dict, name: str, n: int) -> str | None:
+    """Why a record's train curve (optional: records from before it have none) is unusable, or None."""
+    if "train_loss" not in rec:
+        stray = [k for k in TRAIN_FIELDS if k in rec]
+        return f"{name}: {stray[0]} is given without train_loss." if stray else None
+    tl = rec["train_loss"]
+    if not isinstance(tl, list) or len(tl) != n:
+        got = f"{len(tl)} values" if isinstance(tl, list) else f"a {type(tl).__name__}"
+        return f"{name}: train_loss must be one number per lambda ({n}), not {got}."
+    if not all(_number(x) for x in tl):
+        return f"{name}: train_loss must hold numbers only."
+    for k in ("train_barrier", "train_midpoint_barrier"):
+        if k in rec and not _number(rec[k]):
+            return f"{name}: {k} must be a number, not {type(rec[k]).__name__}."
+    if not _number(rec.get("train_barrier")):
+        return f"{name}: a record with train_loss needs a numeric train_barrier."
+    ta = rec.get("train_accuracy")
+    if ta is not None and (not isinstance(ta, list) or len(ta) != n or not all(_number(x) for x in ta)):
+        return f"{name}: train_accuracy must be null or one number per lambda."
+    if not isinstance(rec.get("train_eval_set"), str):
+        return f"{name}: a record with train_loss needs train_eval_set, the description of its train sample."
+    for k in ("train_eval_tokens", "train_eval_images"):
+        if k in rec and not (_number(rec[k]) and rec[k] == int(rec[k]) and rec[k] > 0):
+            return f"{name}: {k} must be a positive whole number, not {rec[k]!r}."
     return None
 
 

@@ -55,7 +55,8 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
     return st.select_slider(
         label, options, value=DEFAULT_ITEMS[sel.task], key=f"eval_items_{sel.task or 'custom'}",
         format_func=lambda n: items_label(n, sel.task),
-        help="Test-set subset the live run scores at each of the 21 points on λ.",
+        help="Test-set subset the live run scores at each of the 21 points on λ; its train curve scores a "
+             "train-split sample of the same size (capped for language models).",
     )
 
 
@@ -116,7 +117,8 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
         pair = exports.stem(curves[0][0]).rsplit("__", 1)[0]
         c1.download_button("Every curve (CSV)", exports.curves_csv(curves), f"{pair}__curves.csv", "text/csv",
                            key="export_curves", on_click="ignore", icon=":material/download:",
-                           help="One row per point: method, curve, source, evaluation set, λ, loss, accuracy.")
+                           help="One row per point of every test and train curve: method, curve, source, split, evaluation "
+                                "set, λ, loss, accuracy.")
         with c2:
             charts.download_button(key="export_figures")
 
@@ -124,6 +126,9 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
 def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -> None:
     """The numbers, once, under the chart: one narrow row per curve, the endpoints in a caption."""
     rows = path_figs.summary_rows(cached, live, names)
+    for row in rows:  # a record from before train curves has none: "-", not an empty number
+        if "train barrier" in row:
+            row["train barrier"] = "-" if row["train barrier"] is None else f"{row['train barrier']:.4f}"
     unit = style.loss_unit((cached or live)[0])
     fmt = st.column_config.NumberColumn
     st.dataframe(rows, hide_index=True, key="summary_table", width="stretch", column_config={
@@ -131,6 +136,9 @@ def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -
         "barrier": fmt("barrier", format="%.4f", help=f"Largest rise of the loss above the chord, in {unit}."),
         "vs naive": fmt("vs naive", format="%+.4f", help="Barrier minus the naive barrier on the same evaluation."),
         "midpoint": fmt("midpoint", format="%.4f", help=f"Loss minus chord at λ = 0.5, in {unit}."),
+        "train barrier": st.column_config.TextColumn(
+            "train barrier", help=f"The barrier of the same path on a sample of the train split, in {unit}; "
+                                  "- for a record made before train curves."),
         "accuracy drop (pt)": fmt("acc. drop", format="%.1f",
                                   help="Largest fall of test accuracy below the chord, in percentage points."),
         "path": st.column_config.TextColumn("path", help="What was interpolated: the weights, or each head's "
@@ -144,7 +152,8 @@ def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -
 
 
 def eval_caption(recs: list[dict]) -> str:
-    sets = sorted({f"{r.get('eval_set', '?')}, {len(r['lambdas'])} points on λ" for r in recs})
+    sets = sorted({f"{r.get('eval_set', '?')}, {len(r['lambdas'])} points on λ"
+                   + (f" (train: {r['train_eval_set']})" if path_figs.has_train(r) else "") for r in recs})
     return "Cached curves: " + "; ".join(sets) + "." if sets else ""
 
 
@@ -205,16 +214,24 @@ with right, st.container(border=True):
 with left:
     if cached or live:
         log_y = st.session_state.get("log_y", False)
+        any_train = any(path_figs.has_train(r) for r in cached + live)
+        show_train = any_train and st.session_state.get("show_train", True)
         charts.show(path_figs.barrier_figure(cached, live, "Loss along the linear path", names, highlight=sel.method,
-                                             log_y=log_y), key="barrier_chart")
-        st.toggle("Log scale", key="log_y", help="Loss on a log axis: a high barrier leaves the endpoints readable.")
+                                             log_y=log_y, show_train=show_train), key="barrier_chart")
+        toggles = st.columns(2)
+        toggles[0].toggle("Log scale", key="log_y",
+                          help="Loss on a log axis: a high barrier leaves the endpoints readable.")
+        if any_train:
+            toggles[1].toggle("Show train curves", value=True, key="show_train",
+                              help="The same points on a sample of the train split, thin and dotted: a barrier on "
+                                   "both splits is one of the loss landscape, not of generalisation.")
         summary_table(cached, live, names)
         if any(r.get("accuracy") for r in cached + live):
             charts.show(path_figs.accuracy_figure(cached, live, "Accuracy along the linear path", names,
-                                                  highlight=sel.method), key="accuracy_chart")
+                                                  highlight=sel.method, show_train=show_train), key="accuracy_chart")
         if cached:
-            st.caption(eval_caption(cached) + " The sidebar's method is drawn thick; the records hold the test "
-                       "split only.")
+            st.caption(eval_caption(cached) + " The sidebar's method is drawn thick."
+                       + (" Dotted: the train curves." if any_train else " These records hold the test split only."))
         export_section(cached, live, names, charts)
 
 st.subheader("The model zoo")

@@ -1,6 +1,6 @@
 """Runs: the live runs kept in the user's run history, across sessions and server restarts.
 
-Every live run that finishes on the Connectivity page is kept by the engine (engine.history) in a
+Every live run that finishes on the Connectivity page is kept by the engine (engine.api.save_run) in a
 directory of the user's own, never in the shipped cached_results/. This page lists them with
 filters, draws several on one chart to compare their barrier curves, reopens one (its curve, its
 numbers, its downloads, or on the Connectivity page beside the cached curves) and deletes one after
@@ -18,8 +18,8 @@ from app import downloads, exports, sidebar
 from app.figures import path as path_figs
 from app.figures import runs as run_figs
 from app.figures import style
-from engine import history, zoo
-from engine.errors import LMCError
+from engine import api
+from engine.api import LMCError
 
 CONNECTIVITY = "app_pages/connectivity.py"
 TASKS = {"lm": "LM", "vit": "ViT", None: "?"}
@@ -28,7 +28,7 @@ FILTERS = (("pair", "Pair"), ("method", "Method"), ("pe", "Positional encoding")
 
 def pair_name(a: str, b: str) -> str:
     """'LM · RoPE · seeds 0, 1' for a zoo pair, the directories' last parts otherwise."""
-    if a in zoo.ENTRIES and b in zoo.ENTRIES:
+    if a in api.ENTRIES and b in api.ENTRIES:
         return sidebar.pair_label(a, b)
     return f"{PurePath(a).name or a} / {PurePath(b).name or b}"
 
@@ -42,7 +42,7 @@ def label(entry: dict, names: dict[str, str]) -> str:
 
 def facets(entry: dict, names: dict[str, str]) -> dict[str, str]:
     """The values the filters pick from."""
-    row = history.summary(entry)
+    row = api.run_summary(entry)
     return {"pair": pair_name(row["model_a"], row["model_b"]), "method": names.get(row["method"], row["method"]),
             "pe": sidebar.PE_LABELS.get(row["pe"], row["pe"] or "?"), "status": row["status"]}
 
@@ -64,7 +64,7 @@ def say(kind: str, text: str) -> None:
 def delete(run_id: str, name: str) -> None:
     st.session_state.pop("runs_confirm", None)
     try:
-        history.delete_run(run_id)
+        api.delete_run(run_id)
     except LMCError as e:
         say("error", str(e))
         return
@@ -74,7 +74,7 @@ def delete(run_id: str, name: str) -> None:
 def to_connectivity(entry: dict) -> None:
     """Put the run's pair and method in the sidebar and its record among the session's live curves."""
     a, b, method = entry["model_a"], entry["model_b"], entry["method"]
-    keys = {(x, y): sidebar.pair_key(x, y) for x, y in zoo.pairs()}
+    keys = {(x, y): sidebar.pair_key(x, y) for x, y in api.pairs()}
     if (a, b) in keys:
         st.session_state["pair"] = keys[(a, b)]
     else:
@@ -93,25 +93,47 @@ def show_numbers(entry: dict) -> None:
     cols[2].metric("Endpoint loss A / B", f"{entry['endpoint_loss_a']:.3f} / {entry['endpoint_loss_b']:.3f}")
     if entry.get("accuracy"):
         cols[3].metric("Accuracy drop", f"{100 * entry['accuracy_drop']:.1f} pt")
+    train = (f" Train barrier {entry['train_barrier']:.4f} on {entry['train_eval_set']}."
+             if path_figs.has_train(entry) else "")
     st.caption(f"Barriers in {unit}; {entry.get('eval_set', 'evaluation set not recorded')}, "
-               f"{len(entry['lambdas'])} points on λ. Run {entry['run']['id']}, {entry['run']['status']}.")
+               f"{len(entry['lambdas'])} points on λ.{train} Run {entry['run']['id']}, {entry['run']['status']}.")
+
+
+def train_toggle(records: list[dict], key: str) -> bool:
+    """"Show train curves" (on by default) when any record has one; False when none has."""
+    if not any(path_figs.has_train(r) for r in records):
+        return False
+    return st.toggle("Show train curves", value=True, key=key,
+                     help="The same points on a sample of the train split, thin and dotted in the run's colour.")
 
 
 def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
     try:
-        rows = history.compare(chosen)
+        rows = api.compare_runs(chosen)
     except LMCError as e:
         st.error(str(e))
         return
     labels = [label(e, names) for e in chosen]
-    charts.show(run_figs.comparison_figure(chosen, labels, "Loss along the linear path"), key="runs_compare_chart")
+    show_train = st.session_state.get("runs_compare_train", True)
+    charts.show(run_figs.comparison_figure(chosen, labels, "Loss along the linear path", show_train=show_train),
+                key="runs_compare_chart")
+    train_toggle(chosen, "runs_compare_train")
     unit = style.loss_unit(chosen[0])
-    st.dataframe([{"run": lab, "barrier": r["barrier"], "vs first": r["barrier_vs_first"],
-                   "midpoint barrier": r["midpoint_barrier"], "endpoint A": r["endpoint_loss_a"],
-                   "endpoint B": r["endpoint_loss_b"]} for lab, r in zip(labels, rows)],
-                 hide_index=True, key="runs_compare_table",
-                 column_config={k: st.column_config.NumberColumn(k, format="%.4f", help=f"In {unit}.")
-                                for k in ("barrier", "vs first", "midpoint barrier", "endpoint A", "endpoint B")})
+    any_train = any(path_figs.has_train(e) for e in chosen)
+    table = []
+    for lab, r, e in zip(labels, rows, chosen):
+        row = {"run": lab, "barrier": r["barrier"], "vs first": r["barrier_vs_first"],
+               "midpoint barrier": r["midpoint_barrier"], "endpoint A": r["endpoint_loss_a"],
+               "endpoint B": r["endpoint_loss_b"]}
+        if any_train:  # a run from before train curves has none: "-"
+            row["train barrier"] = f"{e['train_barrier']:.4f}" if path_figs.has_train(e) else "-"
+        table.append(row)
+    config = {k: st.column_config.NumberColumn(k, format="%.4f", help=f"In {unit}.")
+              for k in ("barrier", "vs first", "midpoint barrier", "endpoint A", "endpoint B")}
+    config["train barrier"] = st.column_config.TextColumn(
+        "train barrier", help=f"The barrier on a sample of the train split, in {unit}; - for a run made before "
+                              "train curves.")
+    st.dataframe(table, hide_index=True, key="runs_compare_table", column_config=config)
     curves = [(e, lab, "history") for e, lab in zip(chosen, labels)]
     st.download_button("Compared curves (CSV)", exports.curves_csv(curves), "runs__curves.csv", "text/csv",
                        key="runs_compare_csv", on_click="ignore", icon=":material/download:")
@@ -121,10 +143,13 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
     name = label(entry, names)
     show_numbers(entry)
     title = f"{names.get(entry['method'], entry['method'])}: {pair_name(entry['model_a'], entry['model_b'])}"
-    charts.show(path_figs.barrier_figure([entry], title=title, method_names=names), key="runs_open_chart")
+    show_train = st.session_state.get("runs_open_train", True)
+    charts.show(path_figs.barrier_figure([entry], title=title, method_names=names, show_train=show_train),
+                key="runs_open_chart")
+    train_toggle([entry], "runs_open_train")
     if entry.get("accuracy"):
-        charts.show(path_figs.accuracy_figure([entry], title="Accuracy along the linear path", method_names=names),
-                    key="runs_open_accuracy")
+        charts.show(path_figs.accuracy_figure([entry], title="Accuracy along the linear path", method_names=names,
+                                              show_train=show_train), key="runs_open_accuracy")
     with st.expander("Run config"):
         st.code(json.dumps(entry.get("config", {}), indent=1), language="json")
     downloads.record_downloads(entry, key="runs_open")
@@ -136,7 +161,7 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
     run_id = entry["run"]["id"]
     with c2:
         if st.session_state.get("runs_confirm") == run_id:
-            st.warning(f"Delete run {name} for good? Its file {history.run_file(run_id)} is removed.")
+            st.warning(f"Delete run {name} for good? Its file {api.run_file(run_id)} is removed.")
             y, n = st.columns(2)
             y.button("Delete", key="runs_delete_yes", type="primary", on_click=delete, args=(run_id, name),
                      width="stretch")
@@ -150,14 +175,14 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
 st.title("Runs")
 st.caption(
     "Every live run that finishes on the Connectivity page is kept here, across sessions and restarts, in "
-    f"`{history.runs_dir()}` (one JSON record per run; set LMC_EXPLORER_HOME to keep them elsewhere). Pick "
+    f"`{api.runs_dir()}` (one JSON record per run; set LMC_EXPLORER_HOME to keep them elsewhere). Pick "
     "several to compare their barrier curves, or open one."
 )
 said = st.session_state.pop("runs_said", None)
 if said:
     getattr(st, said[0])(said[1])
 try:
-    runs, skipped = history.scan_runs()
+    runs, skipped = api.scan_runs()
 except LMCError as e:
     st.error(str(e))
     st.stop()
@@ -179,9 +204,9 @@ for col, (f, title) in zip(st.columns(len(FILTERS)), FILTERS):
 shown = [i for i in by_id if all(not picked[f] or tags[i][f] in picked[f] for f, _ in FILTERS)]
 
 st.dataframe(
-    [{"created": by_id[i].get("created"), "pair": tags[i]["pair"], "task": TASKS.get(history.summary(by_id[i])["task"]),
+    [{"created": by_id[i].get("created"), "pair": tags[i]["pair"], "task": TASKS.get(api.run_summary(by_id[i])["task"]),
       "method": tags[i]["method"], "positional encoding": tags[i]["pe"], "barrier": by_id[i]["barrier"],
-      "midpoint barrier": by_id[i]["midpoint_barrier"], "evaluated on": history.summary(by_id[i])["eval_items"],
+      "midpoint barrier": by_id[i]["midpoint_barrier"], "evaluated on": api.run_summary(by_id[i])["eval_items"],
       "status": tags[i]["status"], "id": i} for i in shown],
     hide_index=True, key="runs_table",
     column_config={"barrier": st.column_config.NumberColumn(format="%.4f"),

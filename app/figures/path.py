@@ -3,6 +3,8 @@ one pair. Pure: records in, figures out.
 
 A record is the dict `engine.api.run_pair` returns (fields in engine/results.py). Every figure takes
 the cached records of one pair plus optional live ones, so cached and recomputed curves share axes.
+A record's train curve (train_loss, train_accuracy: the same points on a sample of the train split)
+is drawn beside its test curve when it has one; records from before train curves simply have none.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.style import CHORD_DASH, loss_unit, method_colour, method_dash
+from app.figures.style import CHORD_DASH, TRAIN_DASH, loss_unit, method_colour, method_dash
 
 LAMBDA_AXIS = "λ  (0 = model A, 1 = model B)"
 LAMBDA_TICKS = [0, 0.25, 0.5, 0.75, 1]
@@ -83,8 +85,32 @@ def _curve_traces(record: dict, y: list[float], name: str, value_fmt: str, live:
     return [curve, line]
 
 
-def legend_key(fig: go.Figure, barrier: bool) -> None:
-    """Legend entries for what every curve carries: the chord, and (loss chart) the barrier bar."""
+TRAIN_KEY = "train split: the same points, dotted"
+TRAIN_WIDTH = 1.5  # thinner than any test curve
+
+
+def has_train(record: dict) -> bool:
+    """Whether a record carries a train curve (records from before it do not)."""
+    return bool(record.get("train_loss"))
+
+
+def _train_trace(record: dict, y: list[float], name: str, value_fmt: str, live: bool,
+                 highlight: str | None = None) -> go.Scatter:
+    """A record's train curve: its method's colour, thin and fine-dotted (style.TRAIN_DASH), small open
+    squares, in the test curve's legend group (one legend click hides both); the legend's key names it."""
+    colour = method_colour(record["method"])
+    _, opacity = _style(record, live, highlight)
+    return go.Scatter(
+        x=record["lambdas"], y=y, name=f"{name}, train", legendgroup=_group(record, live), showlegend=False,
+        mode="lines+markers", opacity=opacity, line={"color": colour, "width": TRAIN_WIDTH, "dash": TRAIN_DASH},
+        marker={"size": 5, "symbol": "square-open", "color": colour},
+        hovertemplate=f"train {value_fmt}<extra>{name}, train</extra>",
+    )
+
+
+def legend_key(fig: go.Figure, barrier: bool, train: bool = False) -> None:
+    """Legend entries for what every curve carries: the chord, (loss chart) the barrier bar, and the
+    train curves' line style when any is drawn."""
     fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name="chord between the endpoints",
                              legendgroup=KEY_GROUP, line={"color": KEY_COLOUR, "width": 1, "dash": CHORD_DASH},
                              hoverinfo="skip"))
@@ -92,23 +118,36 @@ def legend_key(fig: go.Figure, barrier: bool) -> None:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name="barrier: largest rise above the chord",
                                  legendgroup=KEY_GROUP, hoverinfo="skip",
                                  marker={"symbol": "line-ns", "size": 14, "line": {"width": 4, "color": KEY_COLOUR}}))
+    if train:
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines+markers", name=TRAIN_KEY, legendgroup=KEY_GROUP,
+                                 line={"color": KEY_COLOUR, "width": TRAIN_WIDTH, "dash": TRAIN_DASH},
+                                 marker={"size": 5, "symbol": "square-open", "color": KEY_COLOUR}, hoverinfo="skip"))
+
+
+def loss_axis_title(unit: str, train: bool, log_y: bool = False) -> str:
+    """'Test loss (nats/byte)'; 'Loss (...)' when train curves share the axis."""
+    return f"{'Loss' if train else 'Test loss'} ({unit}{', log scale' if log_y else ''})"
 
 
 def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: str = "",
                    method_names: dict[str, str] | None = None, highlight: str | None = None,
-                   log_y: bool = False) -> go.Figure:
+                   log_y: bool = False, show_train: bool = True) -> go.Figure:
     """Loss vs λ per record: curve, thin dashed chord between the endpoints, the barrier as a vertical bar.
 
     The bar spans chord -> curve at the grid point of largest excess, so its length is the record's
     `barrier` field. `highlight` (a method) is drawn thick and opaque, the others lighter; `log_y`
-    puts the loss on a log axis (a barrier far above the endpoints then leaves them readable).
+    puts the loss on a log axis (a barrier far above the endpoints then leaves them readable). With
+    `show_train`, a record's train curve (train_loss) is drawn too, thin and dotted in its colour.
     """
     fig = go.Figure()
     every = [(r, False) for r in records] + [(r, True) for r in live]
     unit = loss_unit(every[0][0]) if every else "nats"
+    train = show_train and any(has_train(r) for r, _ in every)
     for k, (r, is_live) in enumerate(every):
         name = curve_name(r, method_names, is_live)
         fig.add_traces(_curve_traces(r, list(r["loss"]), name, f"loss %{{y:.4f}} {unit}", is_live, highlight))
+        if train and has_train(r):
+            fig.add_trace(_train_trace(r, list(r["train_loss"]), name, f"loss %{{y:.4f}} {unit}", is_live, highlight))
         lam_b, loss_b, chord_b = barrier_point(r)
         colour = method_colour(r["method"])
         width, opacity = _style(r, is_live, highlight)
@@ -122,8 +161,8 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
     if every:
-        legend_key(fig, barrier=True)
-    yaxis = {"title": {"text": f"Test loss ({unit}{', log scale' if log_y else ''})"}}
+        legend_key(fig, barrier=True, train=train)
+    yaxis = {"title": {"text": loss_axis_title(unit, train, log_y)}}
     if log_y:
         yaxis |= {"type": "log"}
     fig.update_layout(yaxis=yaxis, **_common_layout(title))
@@ -131,17 +170,24 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
 
 
 def accuracy_figure(records: Sequence[dict], live: Sequence[dict] = (), title: str = "",
-                    method_names: dict[str, str] | None = None, highlight: str | None = None) -> go.Figure:
-    """Accuracy (%) vs λ for classifier records with the dashed chord; records without accuracy are skipped."""
+                    method_names: dict[str, str] | None = None, highlight: str | None = None,
+                    show_train: bool = True) -> go.Figure:
+    """Accuracy (%) vs λ for classifier records with the dashed chord; records without accuracy are
+    skipped. With `show_train`, a record's train accuracy (train_accuracy) is drawn thin and dotted."""
     fig = go.Figure()
     every = [(r, False) for r in records if r.get("accuracy")] + [(r, True) for r in live if r.get("accuracy")]
+    train = show_train and any(r.get("train_accuracy") for r, _ in every)
     for r, is_live in every:
         name = curve_name(r, method_names, is_live)
         acc = [100 * a for a in r["accuracy"]]
         fig.add_traces(_curve_traces(r, acc, name, "accuracy %{y:.1f} %", is_live, highlight))
+        if train and r.get("train_accuracy"):
+            fig.add_trace(_train_trace(r, [100 * a for a in r["train_accuracy"]], name, "accuracy %{y:.1f} %",
+                                       is_live, highlight))
     if every:
-        legend_key(fig, barrier=False)
-    fig.update_layout(yaxis={"title": {"text": "Test accuracy (%)"}, "ticksuffix": " %"}, **_common_layout(title))
+        legend_key(fig, barrier=False, train=train)
+    fig.update_layout(yaxis={"title": {"text": f"{'Accuracy' if train else 'Test accuracy'} (%)"}, "ticksuffix": " %"},
+                      **_common_layout(title))
     return fig
 
 
@@ -149,7 +195,8 @@ def summary_rows(records: Sequence[dict], live: Sequence[dict] = (),
                  method_names: dict[str, str] | None = None) -> list[dict]:
     """One row per curve for the table under the chart: barrier, its change against naive (cached
     naive for cached rows, the live naive run of the same evaluation for live ones), the midpoint
-    barrier and, for classifiers, the accuracy drop."""
+    barrier, for classifiers the accuracy drop, and the train barrier when any record has a train curve
+    (None for a record from before train curves)."""
     rows = []
     for recs, is_live in ((records, False), (live, True)):
         base = {r.get("eval_set"): r for r in recs if r["method"] == "naive"}
@@ -158,6 +205,8 @@ def summary_rows(records: Sequence[dict], live: Sequence[dict] = (),
             row = {"curve": curve_name(r, method_names, is_live), "barrier": r["barrier"],
                    "vs naive": None if b is None or b is r else r["barrier"] - b["barrier"],
                    "midpoint": r["midpoint_barrier"]}
+            if any(has_train(x) for x in (*records, *live)):
+                row["train barrier"] = r.get("train_barrier") if has_train(r) else None
             if any(x.get("accuracy") for x in (*records, *live)):
                 acc = r.get("accuracy_drop")
                 row["accuracy drop (pt)"] = None if acc is None else 100 * acc

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.path import KEY_GROUP, barrier_figure, legend_key
-from app.figures.style import group_colour
+from app.figures.path import KEY_GROUP, barrier_figure, has_train, legend_key, loss_axis_title
+from app.figures.style import group_colour, loss_unit
 
 
 def _recolour(trace, colour: str) -> None:
@@ -27,14 +27,16 @@ def _recolour(trace, colour: str) -> None:
             marker.line.color = colour
 
 
-def comparison_figure(records: Sequence[dict], labels: Sequence[str], title: str = "") -> go.Figure:
-    """Loss vs λ of every record, named by `labels` (one per record, distinct)."""
+def comparison_figure(records: Sequence[dict], labels: Sequence[str], title: str = "",
+                      show_train: bool = True) -> go.Figure:
+    """Loss vs λ of every record, named by `labels` (one per record, distinct); with `show_train`, the
+    train curves of the records that have one, thin and dotted in their run's colour."""
     if len(labels) != len(records) or len(set(labels)) != len(labels):
         raise ValueError("comparison_figure needs one distinct label per record")
     own_colours = len({r["method"] for r in records}) < len(records)
     fig = go.Figure()
     for k, (rec, label) in enumerate(zip(records, labels)):
-        one = barrier_figure([rec], title=title, method_names={rec["method"]: label})
+        one = barrier_figure([rec], title=title, method_names={rec["method"]: label}, show_train=show_train)
         for trace in one.data:
             if trace.legendgroup == KEY_GROUP:  # the chord / barrier key: once for the chart, below
                 continue
@@ -45,5 +47,7 @@ def comparison_figure(records: Sequence[dict], labels: Sequence[str], title: str
         if k == 0:
             fig.layout = one.layout
     if records:
-        legend_key(fig, barrier=True)
+        train = show_train and any(has_train(r) for r in records)
+        legend_key(fig, barrier=True, train=train)
+        fig.layout.yaxis.title.text = loss_axis_title(loss_unit(records[0]), train)  # the first run's layout
     return fig

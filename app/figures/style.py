@@ -28,6 +28,9 @@ METHOD_DASHES = {
 }
 _SPARE_DASHES = ("longdashdot", "8px,4px", "2px,6px")
 CHORD_DASH = "dash"
+# A record's train curve (the same points on the train split) is a thin fine-dotted line in its
+# method's colour: a pattern no method's test line and no chord uses.
+TRAIN_DASH = "1px,3px"
 
 
 def method_dash(method: str) -> str:

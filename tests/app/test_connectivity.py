@@ -61,7 +61,7 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     got = curves(chart(at, "barrier_chart"))
     assert got == {names["naive"]: pytest.approx(naive["loss"], abs=0),
                    names["weight"]: pytest.approx(weight["loss"], abs=0)}
-    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/byte)"
+    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Loss (nats/byte)"  # test and train
     assert not at.metric  # the chart comes first; the numbers are one table under it
     rows = summary(at)
     assert list(rows) == [names["naive"], names["weight"]]
@@ -92,7 +92,7 @@ def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
     assert curves(chart(at, "barrier_chart"))[NAIVE] == pytest.approx(rec["loss"], abs=0)
     acc = curves(chart(at, "accuracy_chart"))[NAIVE]
     assert acc == pytest.approx([100 * a for a in rec["accuracy"]])
-    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Test loss (nats/image)"
+    assert chart(at, "barrier_chart")["layout"]["yaxis"]["title"]["text"] == "Loss (nats/image)"  # test and train
     assert summary(at)[NAIVE]["accuracy drop (pt)"] == pytest.approx(100 * rec["accuracy_drop"], abs=1e-12)
     assert at.select_slider(key="eval_items_vit").value is None  # ViT default: the whole test split
 
@@ -205,4 +205,5 @@ def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
         assert pytest.approx(rec["loss"], abs=0) in drawn.values()
         assert rec["barrier"] in [r["barrier"] for r in summary(at).values()]
     unit = style.loss_unit(cached_record(*pair, methods[0], CACHE))
-    assert fig["layout"]["yaxis"]["title"]["text"] == f"Test loss ({unit})"
+    train = any("train_loss" in cached_record(*pair, m, CACHE) for m in methods)  # records rebuilt since train curves
+    assert fig["layout"]["yaxis"]["title"]["text"] == f"{'Loss' if train else 'Test loss'} ({unit})"

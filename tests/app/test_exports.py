@@ -51,16 +51,22 @@ def test_curves_csv_has_a_row_per_point_of_every_curve(recs):
               (recs["vit"], "Naive ViT", "cached")]
     rows = list(csv.DictReader(io.StringIO(exports.curves_csv(curves).decode())))
     assert tuple(rows[0]) == exports.CSV_COLUMNS
-    assert len(rows) == sum(len(r["lambdas"]) for r, _, _ in curves)
+    assert all("train_loss" in r for r, _, _ in curves)  # engine records carry their train curve
+    assert len(rows) == 2 * sum(len(r["lambdas"]) for r, _, _ in curves)  # test rows, then train rows
     i = 0
     for rec, name, source in curves:
-        for j, (lam, loss) in enumerate(zip(rec["lambdas"], rec["loss"])):
-            row = rows[i]
-            assert (row["method"], row["curve"], row["source"], row["eval_set"]) == (rec["method"], name, source,
-                                                                                   rec["eval_set"])
-            assert (float(row["lambda"]), float(row["loss"])) == (lam, loss)  # exact: repr round-trips
-            assert row["accuracy"] == ("" if rec["accuracy"] is None else repr(rec["accuracy"][j]))
-            i += 1
+        for split, prefix in (("test", ""), ("train", "train_")):
+            acc = rec[f"{prefix}accuracy"]
+            for j, (lam, loss) in enumerate(zip(rec["lambdas"], rec[f"{prefix}loss"])):
+                row = rows[i]
+                assert (row["method"], row["curve"], row["source"], row["split"], row["eval_set"]) == \
+                    (rec["method"], name, source, split, rec[f"{prefix}eval_set"])
+                assert (float(row["lambda"]), float(row["loss"])) == (lam, loss)  # exact: repr round-trips
+                assert row["accuracy"] == ("" if acc is None else repr(acc[j]))
+                i += 1
+    old = {k: v for k, v in recs["naive"].items() if not k.startswith("train_")}  # from before train curves
+    rows = list(csv.DictReader(io.StringIO(exports.curves_csv([(old, "Naive", "cached")]).decode())))
+    assert [r["split"] for r in rows] == ["test"] * len(old["lambdas"])
 
 
 def test_element_npz_holds_the_permutations_and_maps(recs):
@@ -144,7 +150,7 @@ def test_connectivity_page_downloads_are_valid_files(tiny_env, downloads):
     data, name, mime, _ = downloads["export_record"]
     assert json.loads(data) == naive and name == "lm-none-s0__lm-none-s1__naive.json" and mime == "application/json"
     rows = list(csv.DictReader(io.StringIO(downloads["export_curves"][0].decode())))
-    assert [float(r["loss"]) for r in rows] == naive["loss"] + weight["loss"]
+    assert [float(r["loss"]) for r in rows] == naive["loss"] + naive["train_loss"] + weight["loss"] + weight["train_loss"]
     page = downloads["export_figures"][0].decode()
     assert page.count("Plotly.newPlot(") == 1 and "Loss along the linear path" in page
 

@@ -159,14 +159,3 @@ def test_figures_import_no_streamlit_and_the_app_no_torch():
     # the app stays thin over the engine: tensors never reach a page
     assert [f.name for f in app_dir.rglob("*.py") if "torch" in imports(f)] == []
 
-
-def test_pages_reach_the_engine_through_its_api_only():
-    pages = Path(path_figs.__file__).parents[1] / "app_pages"
-    for f in (pages / name for name in ("connectivity.py", "alignment.py", "symmetry.py")):
-        tree = ast.parse(f.read_text())
-        engine = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("engine")}
-        engine |= {f"engine.{a.name}" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module == "engine"
-                   for a in n.names}
-        engine |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
-                   if a.name.startswith("engine")}
-        assert engine <= {"engine", "engine.api"}, (f.name, engine)

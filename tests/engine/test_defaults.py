@@ -228,6 +228,6 @@ def test_a_naive_run_reports_both_paths_as_one_phase_and_its_estimate_counts_bot
     rope, sinus = rec["arch"], {**rec["arch"], "pe": "sinusoidal", "rope_layout": None, "rotary_dim": 0}
     assert naive_paths(rope) == 2 and naive_paths(sinus) == 1 and naive_paths({"d_model": 32}) == 1
     refs = [rec]
-    one = rec["timings"]["interpolate"] / (256 * 3)  # seconds per token per point of one path
+    one = rec["timings"]["interpolate"] / ((256 + rec["train_eval_tokens"]) * 3)  # s per token per point, test + train
     assert estimate_seconds("naive", rope, 512, 5, 0, refs)["interpolate"] == pytest.approx(2 * one * 512 * 5)
     assert estimate_seconds("weight", rope, 512, 5, 0, refs)["interpolate"] == pytest.approx(one * 512 * 5)
