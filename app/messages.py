@@ -51,10 +51,27 @@ def check_pair(sel: Selection) -> str | None:
     return description
 
 
+def _model_stamp(name_or_path: str) -> int:
+    """Changes when a zoo model is built, or a directory, its config or its weights change."""
+    try:
+        folder = Path(name_or_path).expanduser().stat().st_mtime_ns
+    except OSError:
+        folder = 0
+    return hash((api.zoo_stamp(name_or_path), _stamp(name_or_path), folder))
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _model(name_or_path: str, role: str, stamp: int) -> tuple[api.ModelInfo | None, str | None]:
+    """(model_info, None) for a usable model, (None, the reason) for one that is not; from its config alone."""
+    try:
+        return api.model_info(name_or_path, role), None
+    except LMCError as e:
+        return None, str(e)
+
+
 def check_model(name_or_path: str, role: str = "Model") -> api.ModelInfo | None:
     """model_info of one model, or its one error drawn full width (then None)."""
-    try:
-        return api.model_info(name_or_path, role)
-    except LMCError as e:
-        error(e)
-        return None
+    info, problem = _model(name_or_path, role, _model_stamp(name_or_path))
+    if problem:
+        error(problem)
+    return info

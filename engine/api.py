@@ -503,6 +503,13 @@ def _precomputed_symmetry(name: str) -> dict | None:
     return view if view.get("weights_sha256") == _weights_sha256(name) else None
 
 
+def symmetry_stamp(name_or_path: str) -> int:
+    """Changes when a model's weights or config do, or a zoo model's stored view (`cache build`): a cache key
+    for symmetry_view and has_precomputed_symmetry, which read and hash the weights."""
+    stored = symmetry_dir() / f"{name_or_path}.json" if name_or_path in ENTRIES else None
+    return hash((zoo_stamp(name_or_path), _mtime(stored) if stored else 0))
+
+
 def has_precomputed_symmetry(name: str) -> bool:
     """Whether `cache build` stored the view of zoo model `name` for the weights now on disk."""
     return name in ENTRIES and _precomputed_symmetry(name) is not None

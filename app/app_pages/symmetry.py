@@ -62,8 +62,15 @@ on the model (0.28-0.88 on random tiny models, 2·10⁻³ on an HF Llama at its 
 @st.cache_data(show_spinner=False)
 def diagnose(target: str, dims_only: bool, stamp: int) -> dict:
     """engine.api.symmetry_view of a zoo name, a directory or a preset name (a zoo model's is precomputed
-    by `cache build`); `stamp` renews it when the weights change."""
+    by `cache build`); `stamp` (api.symmetry_stamp) renews it when the weights or the stored view change."""
     return api.symmetry_view(PRESETS.get(target, target), dims_only=dims_only or target in PRESETS)
+
+
+@st.cache_data(show_spinner=False)
+def precomputed(name: str, stamp: int) -> bool:
+    """Whether `cache build` stored zoo model `name`'s view (the check reads the view and hashes the weights,
+    so it is kept until `stamp`, api.symmetry_stamp, changes)."""
+    return api.has_precomputed_symmetry(name)
 
 
 def pick_target() -> tuple[str, bool, int] | None:
@@ -83,7 +90,7 @@ def _pick(source: str) -> tuple[str, bool, int] | None:
         path = st.text_input("Model directory", key="sym_dir", placeholder="path/to/model",
                              help="A directory with config.json (and model.safetensors for the checks).").strip()
         dims_only = st.checkbox("Dimensions only (config.json, no checks)", key="sym_dims_only")
-        return (path, dims_only, api.zoo_stamp(path)) if path else None
+        return (path, dims_only, api.symmetry_stamp(path)) if path else None
     names = api.built_zoo()
     if not names:
         st.info("The zoo is not built yet: `python -m engine zoo build` trains it into assets/zoo/.")
@@ -91,7 +98,7 @@ def _pick(source: str) -> tuple[str, bool, int] | None:
     a = sidebar.selection().model_a
     name = st.selectbox("Zoo model", names, index=names.index(a) if a in names else 0, key="sym_model",
                         help="The sidebar's model A by default.")
-    return name, False, api.zoo_stamp(name)
+    return name, False, api.symmetry_stamp(name)
 
 
 def run(target: str, dims_only: bool, stamp: int) -> dict | None:
@@ -99,7 +106,7 @@ def run(target: str, dims_only: bool, stamp: int) -> dict | None:
     at once for a zoo model whose report `cache build` stored)."""
     if target not in PRESETS and messages.check_model(target) is None:  # the message every page gives
         return None
-    if dims_only or target in PRESETS or (target in api.ENTRIES and api.has_precomputed_symmetry(target)):
+    if dims_only or target in PRESETS or (target in api.ENTRIES and precomputed(target, stamp)):
         try:
             return diagnose(target, dims_only, stamp)
         except api.LMCError as e:
@@ -283,7 +290,7 @@ def side_targets() -> tuple[list[str], str, str]:
 
 def side(target: str, key: str) -> None:
     """One side of the teaching mode: the model, a plain statement, the coloured checks, its group."""
-    out = run(target, target in PRESETS, 0 if target in PRESETS else api.zoo_stamp(target))
+    out = run(target, target in PRESETS, 0 if target in PRESETS else api.symmetry_stamp(target))
     if not out:
         return
     rep = out["report"]
