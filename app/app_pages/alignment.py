@@ -313,16 +313,28 @@ elif rec is not None:
                         help="Dual matching moves both models toward a shared path; interpolating between "
                              "g_A·θ_A and g_B·θ_B is the same as between θ_A and g_A⁻¹ g_B·θ_B.")
         element = rec["alignment"]["element_a"] if side == "a" else element
+    layer = st.session_state.get("align_layer")
+    if layer is not None:  # a closed "One layer" tab draws no slider: its layer is kept for when it opens again
+        if layer < len(element["layers"]):
+            st.session_state["align_layer"] = layer
+        else:
+            del st.session_state["align_layer"]
+    # Only the open tab runs (a tab switch reruns the page): a page switch builds, sends and draws its charts
+    # alone, not every tab's (4 of 9 charts for weight matching, 2 of 4 for naive).
     tab_all, tab_layer, tab_opt, tab_ablation = st.tabs(["All layers", "One layer", "Method diagnostics",
-                                                         "Class ablation"])
-    with tab_all:
-        overview(rec, element, colour, names)
-    with tab_layer:
-        layer_detail(rec, element, colour)
-    with tab_opt:
-        diagnostics(rec, names)
-    with tab_ablation:
-        ablation(sel, style.loss_unit(rec))
+                                                         "Class ablation"], key="align_tab", on_change="rerun")
+    if tab_all.open:
+        with tab_all:
+            overview(rec, element, colour, names)
+    if tab_layer.open:
+        with tab_layer:
+            layer_detail(rec, element, colour)
+    if tab_opt.open:
+        with tab_opt:
+            diagnostics(rec, names)
+    if tab_ablation.open:
+        with tab_ablation:
+            ablation(sel, style.loss_unit(rec))
     with st.expander("Export", icon=":material/download:"):
         downloads.record_downloads(rec, key="align_export")
-        charts.download_button(key="align_figures")
+        charts.download_button(key="align_figures", label="Every figure in this tab (HTML)")

@@ -68,6 +68,13 @@ def page(method: str, live_runs: dict | None = None) -> AppTest:
     return at
 
 
+def open_tab(at: AppTest, label: str) -> None:
+    """Only the open tab runs: open another one, as a click on it would."""
+    at.session_state["align_tab"] = label
+    at.run()
+    assert not at.exception
+
+
 def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     rec = cached_record(*PAIR, "weight", env)
     al, layers = rec["alignment"], rec["alignment"]["element"]["layers"]
@@ -104,6 +111,7 @@ def test_weight_matching_is_drawn_layer_by_layer_from_the_record(env):
     assert f"`mlp_scale` | *not used: {rec['classes_left_out']['mlp_scale']}*" in text  # the engine's reasons
     assert "`residual_perm` | *not used: contained in residual_orth (every permutation is a rotation)*" in text
     # the sweep history
+    open_tab(at, "Method diagnostics")
     sweeps = chart(at, "sweeps_chart")["data"][0]
     assert list(sweeps["y"]) == [s["objective"] for s in al["diagnostics"]["sweeps"]]
 
@@ -112,6 +120,7 @@ def test_one_layer_in_detail_follows_the_slider(env):
     rec = cached_record(*PAIR, "weight", env)
     layers = rec["alignment"]["element"]["layers"]
     at = page("weight")
+    open_tab(at, "One layer")
     for i in (0, 1):
         at.select_slider(key="align_layer").set_value(i).run()
         assert not at.exception
@@ -130,10 +139,28 @@ def test_one_layer_in_detail_follows_the_slider(env):
         assert [list(t["y"]) for t in sv] == L["vo_singular_values"]
 
 
+def test_only_the_open_tab_is_drawn_and_the_layer_is_kept_while_another_is_open(env):
+    layers = cached_record(*PAIR, "weight", env)["alignment"]["element"]["layers"]
+    at = page("weight")
+    assert chart(at, "heads_overview")
+    for key in ("head_cost", "sweeps_chart", "ablation_chart"):  # closed tabs: nothing built or sent
+        with pytest.raises(KeyError):
+            at.get_by_key(key)
+    open_tab(at, "One layer")
+    at.select_slider(key="align_layer").set_value(1).run()
+    with pytest.raises(KeyError):
+        at.get_by_key("heads_overview")
+    open_tab(at, "All layers")
+    open_tab(at, "One layer")
+    assert at.select_slider(key="align_layer").value == 1
+    assert list(chart(at, "head_cost")["data"][1]["x"]) == layers[1]["head_perm"]
+
+
 def test_dual_shows_history_identity_and_either_side(env):
     rec = cached_record(*PAIR, "dual", env)
     al, d = rec["alignment"], rec["alignment"]["diagnostics"]
     at = page("dual")
+    open_tab(at, "Method diagnostics")
     hist = chart(at, "history_chart")["data"]
     assert list(hist[0]["y"]) == d["history"]["val_midpoint_loss"]
     one_sided = [t for t in hist if t.get("line", {}).get("dash") == "dash"]
@@ -145,6 +172,8 @@ def test_dual_shows_history_identity_and_either_side(env):
     assert table["dual"].tolist() == d["identity"]["loss_dual"]
     assert table["one-sided"].tolist() == d["identity"]["loss_one_sided"]
     # the relative transform first (what the path uses), A's own on request
+    open_tab(at, "All layers")
+
     def heat():
         return [z_of(t) for t in chart(at, "heads_overview")["data"]]
 
@@ -160,6 +189,7 @@ def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
     layers = live["alignment"]["element"]["layers"]
     layers[0]["head_perm"], layers[0]["kv_perm"] = [2, 3, 0, 1], [1, 0]  # a different, valid GQA permutation
     at = page("weight", live_runs={PAIR: {"weight": live}})
+    open_tab(at, "One layer")
     assert at.radio(key="align_source").value == "live"
     assert list(chart(at, "head_cost")["data"][1]["x"]) == [2, 3, 0, 1]
     at.radio(key="align_source").set_value("cached").run()
@@ -176,6 +206,8 @@ def test_naive_says_no_class_was_used(env):
     assert rec["alignment"]["element"]["residual"]["kind"] == "identity"
     with pytest.raises(KeyError):
         at.get_by_key("residual_map")  # nothing to draw for the identity
+    assert any("matches nothing" in c.value for c in at.caption)
+    open_tab(at, "One layer")
     assert z_of(chart(at, "head_perm")["data"][0]) == alignment_figs.permutation_matrix(list(range(n)))
     assert not any("predates the matching view" in c.value for c in at.caption)  # naive matched nothing
     assert any("matches nothing" in c.value for c in at.caption)
@@ -202,6 +234,7 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
     from engine.models.io import write_json_atomic
 
     at = page("weight")
+    open_tab(at, "Class ablation")
     assert any("No class ablation is stored" in c.value for c in at.caption)
     store_dir = tmp_path / "store"
     shutil.copytree(env, store_dir)
@@ -213,6 +246,7 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
     f.parent.mkdir()
     write_json_atomic(f, {"model_a": PAIR[0], "model_b": PAIR[1], "points": 11, "runs": runs})
     at = page("weight")
+    open_tab(at, "Class ablation")
     bars = chart(at, "ablation_chart")["data"][0]
     assert list(bars["y"]) == ["none (naive)", "heads alone", "mlp alone", "all classes"]
     assert list(bars["x"]) == [1.5, 1.2, 0.5, 0.2]
