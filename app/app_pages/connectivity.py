@@ -115,7 +115,7 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
         downloads.record_downloads(curves[pick][0], key="export")
         c1, c2 = st.columns(2)
         pair = exports.stem(curves[0][0]).rsplit("__", 1)[0]
-        c1.download_button("Every curve (CSV)", exports.curves_csv(curves), f"{pair}__curves.csv", "text/csv",
+        c1.download_button("Every curve (CSV)", lambda: exports.curves_csv(curves), f"{pair}__curves.csv", "text/csv",
                            key="export_curves", on_click="ignore", icon=":material/download:",
                            help="One row per point of every test and train curve: method, curve, source, split, evaluation "
                                 "set, λ, loss, accuracy.")

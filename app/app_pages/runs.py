@@ -135,7 +135,7 @@ def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads
                               "train curves.")
     st.dataframe(table, hide_index=True, key="runs_compare_table", column_config=config)
     curves = [(e, lab, "history") for e, lab in zip(chosen, labels)]
-    st.download_button("Compared curves (CSV)", exports.curves_csv(curves), "runs__curves.csv", "text/csv",
+    st.download_button("Compared curves (CSV)", lambda: exports.curves_csv(curves), "runs__curves.csv", "text/csv",
                        key="runs_compare_csv", on_click="ignore", icon=":material/download:")
 
 

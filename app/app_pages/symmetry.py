@@ -251,9 +251,9 @@ def exports(out: dict, name: str, key: str) -> None:
     rep = out["report"]
     stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
     c1, c2 = st.columns(2)
-    c1.download_button("Symmetry report (JSON)", api.symmetry_json(rep), f"{stem}__symmetry.json", "application/json",
+    c1.download_button("Symmetry report (JSON)", lambda: api.symmetry_json(rep), f"{stem}__symmetry.json", "application/json",
                        key=f"{key}_json", on_click="ignore", icon=":material/download:")
-    c2.download_button("Symmetry report (Markdown)", api.symmetry_markdown(rep, out["statement"]),
+    c2.download_button("Symmetry report (Markdown)", lambda: api.symmetry_markdown(rep, out["statement"]),
                        f"{stem}__symmetry.md", "text/markdown", key=f"{key}_md", on_click="ignore",
                        icon=":material/download:")
 
