@@ -620,6 +620,18 @@ def record_stamp(model_a: str, model_b: str, method: str) -> int:
     return _mtime(cache_file(model_a, model_b, method, cache_dir()))
 
 
+def runs_stamp() -> int:
+    """Changes whenever a run of the history is kept, rewritten or deleted: a cache key for scan_runs, which
+    reads and checks every run's record."""
+    import os
+
+    d = runs_dir()
+    if not d.is_dir():
+        return 0
+    with os.scandir(d) as entries:
+        return hash(tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries)))
+
+
 def built_zoo() -> list[str]:
     """The zoo models whose weights are on disk."""
     return [n for n, e in ENTRIES.items() if (e.path / "model.safetensors").is_file()]

@@ -26,6 +26,13 @@ TASKS = {"lm": "LM", "vit": "ViT", None: "?"}
 FILTERS = (("pair", "Pair"), ("method", "Method"), ("pe", "Positional encoding"), ("status", "Status"))
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def scan(home: str, stamp: int) -> tuple[list[dict], list[str]]:
+    """api.scan_runs of the history in `home`, read again only when `stamp` (api.runs_stamp) changes: every
+    filter or pick reruns the page, and reading every record each time grows with the history."""
+    return api.scan_runs(home)
+
+
 def pair_name(a: str, b: str) -> str:
     """'LM · RoPE · seeds 0, 1' for a zoo pair, the directories' last parts otherwise."""
     if a in api.ENTRIES and b in api.ENTRIES:
@@ -182,7 +189,7 @@ said = st.session_state.pop("runs_said", None)
 if said:
     getattr(st, said[0])(said[1])
 try:
-    runs, skipped = api.scan_runs()
+    runs, skipped = scan(str(api.runs_dir()), api.runs_stamp())
 except LMCError as e:
     st.error(str(e))
     st.stop()
