@@ -36,6 +36,7 @@ from engine.symmetry import GroupElement, identity
 
 if TYPE_CHECKING:
     from engine.align.learned import Settings
+    from engine.align.weight import WeightSettings
 
 F64 = torch.float64
 CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
@@ -314,6 +315,7 @@ class AlignContext:
     time_budget_s: float | None = None  # learned, dual: also stop when this many seconds of optimisation are spent
     cancel: CancelToken | None = None  # checked before every layer / step (engine.cancel): Cancelled when set
     learned: Settings | None = None  # learned, dual: schedule, lam sampling, patience (None: the defaults)
+    weight: WeightSettings | None = None  # weight: head cost, MLP score, residual weighting (None: the defaults)
 
 
 @dataclass

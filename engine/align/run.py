@@ -31,7 +31,7 @@ from engine.align.common import (
 )
 from engine.align.learned import Settings
 from engine.align.solvers import single_thread
-from engine.align.weight import SMALL_MODEL
+from engine.align.weight import SMALL_MODEL, WeightSettings
 from engine.cancel import CancelToken
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
@@ -63,7 +63,8 @@ class Aligned:
 def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] | list[str] | None = (),
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
           compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None,
-          time_budget_s: float | None = None, learned: Settings | None = None) -> Aligned:
+          time_budget_s: float | None = None, learned: Settings | None = None,
+          weight: WeightSettings | None = None) -> Aligned:
     """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model,
     engine.align.common.choose_classes).
 
@@ -74,7 +75,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     every layer or step of the method, and `cancel` (engine.cancel) stops it with Cancelled between
     two; B is moved only after the method has finished, so a cancelled run leaves B computing what it
     computed (its norms possibly folded). `time_budget_s` and `learned` (engine.align.learned.Settings:
-    schedule, lam sampling, patience) apply to learned and dual matching.
+    schedule, lam sampling, patience) apply to learned and dual matching; `weight`
+    (engine.align.weight.WeightSettings: head cost, MLP score, residual weighting) to weight matching.
     """
     t = tick()
     check_same_architecture(a, b)
@@ -86,7 +88,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
     ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
-                       compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned)
+                       compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned,
+                      weight=weight)
     out = METHODS[method].fn(ctx)
     if method == "naive":
         return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before,

@@ -24,8 +24,10 @@ transform as Omega^T X Omega; a few linearised two-sided Procrustes steps fit th
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -43,6 +45,7 @@ from engine.align.solvers import (
     single_thread,
 )
 from engine.cancel import CancelToken, check
+from engine.errors import LMCError
 from engine.interpolate import Progress
 from engine.models.base import Arch, Params
 from engine.resources import reuse_freed_memory
@@ -56,6 +59,52 @@ INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for t
 INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
 SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
 KEEP_BYTES = 1 << 28  # working copies up to this size are kept, not recomputed (small models: all of them)
+HEAD_COSTS = ("squared", "unsquared", "normalised")
+MLP_SCORES = ("inner", "normalised")
+
+
+@dataclass(frozen=True)
+class WeightSettings:
+    """How weight matching scores its per-layer problems and weighs the residual fit (docs/MATH.md section 4.2).
+
+    head_cost: "squared" ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2, "unsquared" the sum of the two
+    Frobenius distances, "normalised" the squared distance of the circuits scaled to unit norm (cosines).
+    mlp_score: "inner" <in> + <out> (+ <gate>) as one product, "normalised" the sum of the cosines of each
+    neuron's incoming, outgoing (and gate) weight vectors (with mlp_scale the score is cosines anyway).
+    block_scale: every residual parameter's term of the residual fit weighted by 1 / its fan-in.
+    seen_tokens: token ids whose embedding / unembedding rows enter the residual fit (None: every row).
+    """
+
+    head_cost: str = "squared"
+    mlp_score: str = "inner"
+    block_scale: bool = False
+    seen_tokens: frozenset[int] | None = None
+
+    def __post_init__(self) -> None:
+        if self.head_cost not in HEAD_COSTS:
+            raise LMCError(f"Weight matching: head cost {self.head_cost!r} is not available; choose one of "
+                           f"{', '.join(HEAD_COSTS)}.")
+        if self.mlp_score not in MLP_SCORES:
+            raise LMCError(f"Weight matching: MLP score {self.mlp_score!r} is not available; choose one of "
+                           f"{', '.join(MLP_SCORES)}.")
+        if not isinstance(self.block_scale, bool):
+            raise LMCError(f"Weight matching: block_scale must be True or False, not {self.block_scale!r}.")
+        if self.seen_tokens is not None:
+            ids = _token_ids(self.seen_tokens)
+            object.__setattr__(self, "seen_tokens", ids)
+
+    def record(self) -> dict:
+        """JSON-ready, the seen tokens as their count."""
+        return {"head_cost": self.head_cost, "mlp_score": self.mlp_score, "block_scale": self.block_scale,
+                "seen_tokens": None if self.seen_tokens is None else len(self.seen_tokens)}
+
+
+def _token_ids(tokens: Iterable) -> frozenset[int]:
+    """A non-empty set of non-negative integer token ids (a tensor's entries or any iterable of ints)."""
+    ids = tokens.flatten().tolist() if isinstance(tokens, Tensor) else list(tokens)
+    if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+        raise LMCError("Weight matching: seen_tokens must be a non-empty set of non-negative integer token ids.")
+    return frozenset(ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -93,21 +142,30 @@ def circuit_inner(Xa: Tensor, Ya: Tensor, Xb: Tensor, Yb: Tensor, h: int) -> Ten
     return (_blocks(Xa.mT @ Xb, h) * _blocks(Ya.mT @ Yb, h)).sum((-2, -1))  # [h, h]
 
 
-def match_heads(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
+def match_heads(arch: Arch, pa: Params, pb: Params, layer: int, cost: str = "squared") -> Tensor:
     """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits,
-    C_ij = ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2, from Gram matrices (circuit_inner)."""
-    return gqa_assignment(-head_cost(arch, pa, pb, layer), arch.n_heads // arch.n_kv_heads)
+    C_ij = ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2 (or a HEAD_COSTS variant), from Gram matrices."""
+    return gqa_assignment(-head_cost(arch, pa, pb, layer, cost), arch.n_heads // arch.n_kv_heads)
 
 
-def head_cost(arch: Arch, pa: Params, pb: Params, layer: int) -> Tensor:
-    """C [h_A, h_B], the cost match_heads assigns on."""
+def head_cost(arch: Arch, pa: Params, pb: Params, layer: int, cost: str = "squared") -> Tensor:
+    """C [h_A, h_B], the cost match_heads assigns on: `cost` of HEAD_COSTS (WeightSettings.head_cost)."""
     h = arch.n_heads
     Qa, Ka, Va, Oa = head_factors(arch, pa, layer)
     Qb, Kb, Vb, Ob = head_factors(arch, pb, layer)
-    cross = circuit_inner(Qa, Ka, Qb, Kb, h) + circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)  # [h_A, h_B]
-    na = (circuit_inner(Qa, Ka, Qa, Ka, h) + circuit_inner(Va, Oa.mT, Va, Oa.mT, h)).diagonal()  # [h]
-    nb = (circuit_inner(Qb, Kb, Qb, Kb, h) + circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h)).diagonal()  # [h]
-    return na[:, None] + nb[None] - 2 * cross  # [h_A, h_B]
+    cross_qk, cross_ov = circuit_inner(Qa, Ka, Qb, Kb, h), circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)  # [h_A, h_B]
+    na_qk, na_ov = circuit_inner(Qa, Ka, Qa, Ka, h).diagonal(), circuit_inner(Va, Oa.mT, Va, Oa.mT, h).diagonal()
+    nb_qk, nb_ov = circuit_inner(Qb, Kb, Qb, Kb, h).diagonal(), circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h).diagonal()
+    if cost == "squared":
+        return (na_qk + na_ov)[:, None] + (nb_qk + nb_ov)[None] - 2 * (cross_qk + cross_ov)  # [h_A, h_B]
+    if cost == "unsquared":
+        d_qk = (na_qk[:, None] + nb_qk[None] - 2 * cross_qk).clamp_min(0).sqrt()  # [h_A, h_B]
+        d_ov = (na_ov[:, None] + nb_ov[None] - 2 * cross_ov).clamp_min(0).sqrt()
+        return d_qk + d_ov
+    # normalised: ||X/|X| - Y/|Y|||^2 = 2 - 2 cos(X, Y) per circuit
+    cos_qk = cross_qk / (na_qk[:, None] * nb_qk[None]).sqrt().clamp_min(1e-300)
+    cos_ov = cross_ov / (na_ov[:, None] * nb_ov[None]).sqrt().clamp_min(1e-300)
+    return 4 - 2 * (cos_qk + cos_ov)
 
 
 def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:
@@ -178,14 +236,18 @@ def _cos(X: Tensor, Y: Tensor) -> Tensor:
     return Xn @ Yn.T  # [m, m]
 
 
-def match_mlp(arch: Arch, pa: Params, pb: Params, layer: int, kinds: frozenset[str]) -> tuple[Tensor, Tensor]:
-    """pi [m] and the scales s [m] of B's neurons (ones unless mlp_scale is used)."""
+def match_mlp(arch: Arch, pa: Params, pb: Params, layer: int, kinds: frozenset[str],
+              score_kind: str = "inner") -> tuple[Tensor, Tensor]:
+    """pi [m] and the scales s [m] of B's neurons (ones unless mlp_scale is used); `score_kind` of
+    MLP_SCORES (WeightSettings.mlp_score) when the neurons are not rescaled."""
     ia, oa, ga = neurons(arch, pa, layer)
     ib, ob, gb = neurons(arch, pb, layer)
     m = ia.shape[0]
     scaled = "mlp_scale" in kinds
     if "mlp" in kinds:
-        if not scaled:
+        if not scaled and score_kind == "normalised":
+            score = _cos(ia, ib) + _cos(oa, ob) + (_cos(ga, gb) if ga is not None else 0)  # [m, m]
+        elif not scaled:
             xa, xb = [torch.cat([i, o] + ([g] if g is not None else []), 1) for i, o, g in ((ia, oa, ga), (ib, ob, gb))]
             score = xa @ xb.T  # [m, m]: <in> + <out> (+ <gate>) in one product
         elif arch.mlp == "relu":  # s > 0 keeps the directions: cosines are invariant
@@ -255,15 +317,18 @@ class Terms:
         self.sq = 0.0  # sum ||X_A||^2 + ||X_B||^2 over residual parameters
         self.rest = 0.0  # sum ||A - B||^2 over the others
 
-    def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
+    def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor, w: float = 1.0) -> None:
+        """The terms of one parameter; a residual one weighted by `w` (ResidualFit)."""
         if key in res:
             ax = res[key]
             if a.dim() == 2 and ax == 0:  # a reader [D, n]: X^T X_A without a transposed copy
-                self.M += (b @ a.mT).to(F64)
+                M = (b @ a.mT).to(F64)
             else:
                 Xa, Xb = _residual_rows(a, ax), _residual_rows(b, ax)  # [N, D]
-                self.M += (Xb.mT @ Xa).to(F64)
-            self.sq += float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2
+                M = (Xb.mT @ Xa).to(F64)
+            sq = float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2
+            self.M += M if w == 1.0 else w * M
+            self.sq += sq if w == 1.0 else w * sq
         else:
             self.rest += sum(float(torch.linalg.vector_norm(x - y)) ** 2 for x, y in zip(slices(a), slices(b)))
 
@@ -273,6 +338,38 @@ class Terms:
 
     def objective(self, O: Tensor) -> float:
         return max(0.0, self.rest + self.sq - 2 * float((O * self.M).sum()))
+
+
+class ResidualFit:
+    """What WeightSettings change in the residual fit: each residual parameter's weight (1 / fan-in with
+    block_scale: a reader's fan-in is D, a writer's the size of its other axes, a vector's 1) and the
+    embedding / unembedding rows of the seen tokens only (embed.tok rows, head.W columns)."""
+
+    def __init__(self, spec: Spec, settings: WeightSettings, res: dict[str, int]):
+        arch = spec.arch
+        self.weights: dict[str, float] = {}
+        if settings.block_scale:
+            for key, ax, a in spec.axes_of("residual"):
+                if key in res:
+                    shape = spec.params[key].shape
+                    fan_in = shape[ax] if a.role == "right_inv_t" else max(1, math.prod(shape) // shape[ax])
+                    self.weights[key] = 1.0 / fan_in
+        self.rows: Tensor | None = None
+        if settings.seen_tokens is not None:
+            if arch.task != "lm":
+                raise LMCError("Weight matching: seen_tokens applies to language models only, "
+                               f"not to this {arch.task} model.")
+            bad = max(settings.seen_tokens)
+            if bad >= arch.n_out:
+                raise LMCError(f"Weight matching: seen token id {bad} is outside the vocabulary of {arch.n_out} tokens.")
+            self.rows = torch.tensor(sorted(settings.seen_tokens))  # [V_seen]
+        self.token_axis = {"embed.tok": 0, "head.W": 1}
+
+    def add(self, terms: Terms, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
+        if self.rows is not None and key in self.token_axis:
+            ax = self.token_axis[key]
+            a, b = a.index_select(ax, self.rows), b.index_select(ax, self.rows)  # seen tokens only
+        terms.add(res, key, a, b, self.weights.get(key, 1.0))
 
 
 def solve_residual(M: Tensor, perm: bool) -> Tensor:
@@ -302,7 +399,8 @@ def _moved(spec: Spec, mats: dict, block: Params) -> Params:
 
 
 def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
-                     progress: Progress | None = None, cancel: CancelToken | None = None) -> tuple[Tensor, dict]:
+                     progress: Progress | None = None, cancel: CancelToken | None = None,
+                     settings: WeightSettings | None = None) -> tuple[Tensor, dict]:
     """Omega from what no per-layer transform touches (docs/MATH.md section 4.2; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
@@ -310,14 +408,15 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     Omega: <X_A, Omega^T X_B Omega_k> + <X_A, Omega_k^T X_B Omega> gives X_B Omega_k X_A^T + X_B^T Omega_k X_A.
     The linearised objective q(Omega) = <lin, Omega> + sum <Omega, X_B Omega X_A^T> comes for free with
     each step; the fit stops when Omega repeats (permutations), or q stops rising or Omega settles
-    (rotations: the same SETTLED bound as the descent).
+    (rotations: the same SETTLED bound as the descent). `settings` weigh and select the linear terms.
     """
     arch = spec.arch
     res = residual_axes(spec, perm)
+    fit = ResidualFit(spec, settings or WeightSettings(), res)
     lin = Terms(arch.d_model)
     only = _only_residual(spec)
     for k in (k for k in res if k in only):  # a fixed order: a set's would vary with the hash seed
-        lin.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
+        fit.add(lin, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
     D, L = arch.d_model, arch.n_layers
     # Keep the 3L circuits of both models while they take at most half a model's bytes (GPT-2-small:
     # 170 MB); beyond (Llama-7B: 13 GB in float32) recompute them layer by layer at every step.
@@ -361,8 +460,10 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
 
 def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = None,
                  max_sweeps: int = MAX_SWEEPS, progress: Progress | None = None,
-                 cancel: CancelToken | None = None) -> tuple[GroupElement, dict]:
-    """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history.
+                 cancel: CancelToken | None = None,
+                 settings: WeightSettings | None = None) -> tuple[GroupElement, dict]:
+    """The weight-matching element g (g.theta_B ~ theta_A) and its sweep history; `settings`
+    (WeightSettings, None: the defaults) choose the head cost, MLP score and residual weighting.
 
     `progress` hears of every step of the starting residual fit and every layer of every sweep;
     `cancel` is checked before each (Cancelled).
@@ -373,15 +474,17 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
     not see each other), so a sweep whose new Omega equals the old one is a fixed point.
     """
     wd = work_dtype(pair.params_a)
+    st = settings or WeightSettings()
     if wd != F64:
         with reuse_freed_memory():  # per-layer blocks reused, not mapped afresh at every step
-            return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
+            return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st)
     with single_thread():  # a small model: nothing but small products, which extra threads only slow down
-        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel)
+        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st)
 
 
 def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structure: str | None, max_sweeps: int,
-                  progress: Progress | None, cancel: CancelToken | None) -> tuple[GroupElement, dict]:
+                  progress: Progress | None, cancel: CancelToken | None,
+                  st: WeightSettings) -> tuple[GroupElement, dict]:
     t = tick()
     arch, spec = pair.arch, pair.spec
     pa, pb = pair.params_a, pair.params_b
@@ -391,15 +494,16 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     res_kinds = [k for k in RESIDUAL if k in kinds]
     perm_res = res_kinds == ["residual_perm"]
     res = residual_axes(spec, perm_res) if res_kinds else {}
+    fit = ResidualFit(spec, st, res)
     D = arch.d_model
     outer_keys, block_keys = layer_keys(spec)
     outer = Terms(D)  # embeddings, final norm, head: no per-layer transform touches them
     for k in outer_keys:
-        outer.add(res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
+        fit.add(outer, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
     init: dict = {}
     O = torch.eye(D, dtype=F64)
     if res_kinds:
-        O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel)
+        O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel, st)
     init["seconds"] = t()
     history, prev, stop, stalled = [], None, "", 0
     g = identity(arch)
@@ -413,13 +517,13 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             check(cancel, f"weight matching, sweep {sweep + 1}, layer {layer + 1}/{arch.n_layers}")
             la = ba.get(keys)
             lb = _moved(spec, mats_o, bb.get(keys))  # B's block seen through Omega
-            hp = match_heads(arch, la, lb, layer) if "heads" in kinds else torch.arange(arch.n_heads)
+            hp = match_heads(arch, la, lb, layer, st.head_cost) if "heads" in kinds else torch.arange(arch.n_heads)
             warm = g.layers[layer] if sweep else None
             with single_thread(), ThreadPoolExecutor(1) as beside:
                 # the within-head d x d solves run on one thread; the MLP's big product and assignment,
                 # which do not depend on them, run beside them on the other core (one thread each)
                 heads = beside.submit(within_head, arch, structure, la, lb, layer, hp, kinds, warm)
-                mp, s = match_mlp(arch, la, lb, layer, kinds)
+                mp, s = match_mlp(arch, la, lb, layer, kinds, st.mlp_score)
                 A, B = heads.result()
             el = LayerElement(hp, A, B, mp, s)
             layers.append(el)
@@ -427,7 +531,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             with single_thread():
                 maps = layer_maps(layer, el)
             for k, v in _moved(spec, maps, bb.get(keys)).items():  # B's block moved by el alone
-                terms.add(res, k, la[k], v)
+                fit.add(terms, res, k, la[k], v)
             if progress:
                 progress(layer + 1, arch.n_layers, f"sweep {sweep + 1}: layer {layer + 1}/{arch.n_layers}")
         O_new = solve_residual(terms.M, perm_res) if res_kinds else O
@@ -464,7 +568,10 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
 def align_weights(ctx: AlignContext) -> AlignOutput:
     """Data-free weight matching over ctx.classes (registry entry `weight`)."""
     t = tick()
-    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=ctx.progress, cancel=ctx.cancel)
+    g, info = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=ctx.progress, cancel=ctx.cancel,
+                           settings=ctx.weight)
     perm = residual_perm_of(g.residual)
     info |= {"seconds": t(), "residual_is_permutation": perm is not None}
+    if ctx.weight is not None and ctx.weight != WeightSettings():
+        info["settings"] = ctx.weight.record()
     return AlignOutput(g, info)
