@@ -50,6 +50,7 @@ the CPU, cudaMemGetInfo on CUDA.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -332,7 +333,9 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     return est
 
 
+@functools.cache
 def _libc():
+    """The C library, looked up once (find_library runs ldconfig), or None."""
     import ctypes
     import ctypes.util
 

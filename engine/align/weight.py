@@ -61,6 +61,7 @@ SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (ma
 KEEP_BYTES = 1 << 28  # working copies up to this size are kept, not recomputed (small models: all of them)
 HEAD_COSTS = ("squared", "unsquared", "normalised")
 MLP_SCORES = ("inner", "normalised")
+TOKEN_AXIS = {"embed.tok": 0, "head.W": 1}  # the token axis of the embedding and the unembedding
 
 
 @dataclass(frozen=True)
@@ -363,11 +364,10 @@ class ResidualFit:
             if bad >= arch.n_out:
                 raise LMCError(f"Weight matching: seen token id {bad} is outside the vocabulary of {arch.n_out} tokens.")
             self.rows = torch.tensor(sorted(settings.seen_tokens))  # [V_seen]
-        self.token_axis = {"embed.tok": 0, "head.W": 1}
 
     def add(self, terms: Terms, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
-        if self.rows is not None and key in self.token_axis:
-            ax = self.token_axis[key]
+        if self.rows is not None and key in TOKEN_AXIS:
+            ax = TOKEN_AXIS[key]
             a, b = a.index_select(ax, self.rows), b.index_select(ax, self.rows)  # seen tokens only
         terms.add(res, key, a, b, self.weights.get(key, 1.0))
 
@@ -475,16 +475,17 @@ def weight_match(pair: Pair, kinds: frozenset[str], qk_structure: str | None = N
     """
     wd = work_dtype(pair.params_a)
     st = settings or WeightSettings()
-    if wd != F64:
-        with reuse_freed_memory():  # per-layer blocks reused, not mapped afresh at every step
-            return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st)
-    with single_thread():  # a small model: nothing but small products, which extra threads only slow down
-        return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st)
+    with ThreadPoolExecutor(1) as beside:  # one side thread for the whole descent (see _weight_match)
+        if wd != F64:
+            with reuse_freed_memory():  # per-layer blocks reused, not mapped afresh at every step
+                return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st, beside)
+        with single_thread():  # a small model: nothing but small products, which extra threads only slow down
+            return _weight_match(pair, kinds, wd, qk_structure, max_sweeps, progress, cancel, st, beside)
 
 
 def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structure: str | None, max_sweeps: int,
-                  progress: Progress | None, cancel: CancelToken | None,
-                  st: WeightSettings) -> tuple[GroupElement, dict]:
+                  progress: Progress | None, cancel: CancelToken | None, st: WeightSettings,
+                  beside: ThreadPoolExecutor) -> tuple[GroupElement, dict]:
     t = tick()
     arch, spec = pair.arch, pair.spec
     pa, pb = pair.params_a, pair.params_b
@@ -519,7 +520,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             lb = _moved(spec, mats_o, bb.get(keys))  # B's block seen through Omega
             hp = match_heads(arch, la, lb, layer, st.head_cost) if "heads" in kinds else torch.arange(arch.n_heads)
             warm = g.layers[layer] if sweep else None
-            with single_thread(), ThreadPoolExecutor(1) as beside:
+            with single_thread():
                 # the within-head d x d solves run on one thread; the MLP's big product and assignment,
                 # which do not depend on them, run beside them on the other core (one thread each)
                 heads = beside.submit(within_head, arch, structure, la, lb, layer, hp, kinds, warm)
