@@ -62,7 +62,12 @@ def build_pairs(root: Path, names: list[str]) -> None:
         if (out / "config.json").exists():
             return
         a = load_model(src)
+        # the residual stream permuted, not rotated: B stays in GPT-2's LayerNorm format (a rotation
+        # needs the RMSNorm rewrite, which the family's checkpoint cannot hold); aligning it still uses
+        # the default classes, rotation included
         kinds = default_classes(build_spec(a.arch, canonical(a, copy=False)))
+        if "residual_orth" in kinds and a.arch.norm == "layernorm":
+            kinds = (kinds - {"residual_orth"}) | {"residual_perm"}
         pair = prepare_pair(a, a, kinds, in_place=True)  # RMSNorm gains folded into A itself
         g = sample(pair.arch, kinds, seed=seed)
         moved = apply(pair.arch, g, pair.params_a)

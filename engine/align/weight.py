@@ -53,11 +53,13 @@ from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, act, element_maps, identity, layer_maps, rope_commutant
 
 MAX_SWEEPS = 100  # a safety bound, not a budget: reaching it is reported as not converged
-STALL_SWEEPS = 3  # sweeps in a row without relative progress that end a descent whose permutations still flip
-REL_TOL = 1e-5  # relative objective decrease below which a sweep counts as no change
+# A sweep that lowers the objective by at most REL_TOL relative ends the descent. The last 0.3% of the
+# objective is creep of the alternating continuous maps: on the zoo pairs stopping at 1e-3 instead of 1e-5
+# leaves barriers equal or lower at a third of the sweeps (bench/RESULTS.md, "Stopping where the barrier stops").
+REL_TOL = 1e-3
 INIT_STEPS = 50  # at most this many linearised two-sided Procrustes steps for the starting Omega
-INIT_REL_TOL = 1e-7  # ... which stop once the linearised objective rises by less than this, relatively
-SETTLED = {torch.float64: 1e-10, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
+INIT_REL_TOL = 1e-3  # ... which stop once the linearised objective rises by less than this, relatively
+SETTLED = {torch.float64: 1e-11, torch.float32: 1e-6}  # residual map change (max entry) that ends the descent
 KEEP_BYTES = 1 << 28  # working copies up to this size are kept, not recomputed (small models: all of them)
 HEAD_COSTS = ("squared", "unsquared", "normalised")
 MLP_SCORES = ("inner", "normalised")
@@ -74,12 +76,15 @@ class WeightSettings:
     neuron's incoming, outgoing (and gate) weight vectors (with mlp_scale the score is cosines anyway).
     block_scale: every residual parameter's term of the residual fit weighted by 1 / its fan-in.
     seen_tokens: token ids whose embedding / unembedding rows enter the residual fit (None: every row).
+    stop_tol: a sweep lowering the objective by at most this, relatively, ends the descent (REL_TOL;
+    1e-4 costs about twice the sweeps for barriers about 1% lower on the zoo).
     """
 
     head_cost: str = "squared"
     mlp_score: str = "inner"
     block_scale: bool = False
     seen_tokens: frozenset[int] | None = None
+    stop_tol: float = REL_TOL
 
     def __post_init__(self) -> None:
         if self.head_cost not in HEAD_COSTS:
@@ -90,6 +95,8 @@ class WeightSettings:
                            f"{', '.join(MLP_SCORES)}.")
         if not isinstance(self.block_scale, bool):
             raise LMCError(f"Weight matching: block_scale must be True or False, not {self.block_scale!r}.")
+        if isinstance(self.stop_tol, bool) or not isinstance(self.stop_tol, (int, float)) or not 0 < self.stop_tol < 1:
+            raise LMCError(f"Weight matching: stop_tol must be a number between 0 and 1, not {self.stop_tol!r}.")
         if self.seen_tokens is not None:
             ids = _token_ids(self.seen_tokens)
             object.__setattr__(self, "seen_tokens", ids)
@@ -97,7 +104,7 @@ class WeightSettings:
     def record(self) -> dict:
         """JSON-ready, the seen tokens as their count."""
         return {"head_cost": self.head_cost, "mlp_score": self.mlp_score, "block_scale": self.block_scale,
-                "seen_tokens": None if self.seen_tokens is None else len(self.seen_tokens)}
+                "seen_tokens": None if self.seen_tokens is None else len(self.seen_tokens), "stop_tol": self.stop_tol}
 
 
 def _token_ids(tokens: Iterable) -> frozenset[int]:
@@ -506,7 +513,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     if res_kinds:
         O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel, st)
     init["seconds"] = t()
-    history, prev, stop, stalled = [], None, "", 0
+    history, prev, stop = [], None, ""
     g = identity(arch)
     for sweep in range(max_sweeps):
         mats_o = element_maps(GroupElement((), O)) if res_kinds else {}
@@ -540,9 +547,10 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
         f = terms.objective(O_new)
         key = torch.cat([torch.cat([el.head_perm, el.mlp_perm]) for el in layers])
         dO = float((O_new - O).abs().max())
-        stalled = stalled + 1 if prev is not None and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f else 0
-        history.append({"sweep": sweep + 1, "objective": f, "residual_change": dO, "seconds": t()})
-        # alternating continuous maps creep: stop once the permutations hold and the objective stalls
+        flips = 0 if prev is None else int((key != prev[0]).sum())  # units whose partner changed this sweep
+        history.append({"sweep": sweep + 1, "objective": f, "residual_change": dO, "seconds": t(),
+                        "permutation_changes": flips})
+        # alternating continuous maps creep: stop once a sweep no longer pays
         if dO == 0.0 and res_kinds:
             stop = "fixed point (the residual map did not change)"
         elif not res_kinds:
@@ -551,11 +559,9 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
             stop = "objective at the float32 rounding floor: B matches A"
         elif prev is not None and torch.equal(key, prev[0]) and dO < SETTLED[wd]:
             stop = "permutations unchanged and the residual map settled"
-        elif prev is not None and torch.equal(key, prev[0]) and f > terms.noise(wd) and prev[1] - f <= REL_TOL * f:
-            stop = f"permutations unchanged and objective decrease below {REL_TOL:g} relative"
-        elif stalled >= STALL_SWEEPS:
-            stop = (f"objective decrease below {REL_TOL:g} relative for {STALL_SWEEPS} sweeps while permutations "
-                    "still changed")
+        elif prev is not None and f > terms.noise(wd) and prev[1] - f <= st.stop_tol * f:
+            held = "permutations unchanged" if not flips else f"{flips} units still changed partner"
+            stop = f"objective decrease {(prev[1] - f) / f:.1e} relative, below {st.stop_tol:g} ({held})"
         elif sweep + 1 == max_sweeps:
             change = "" if prev is None else f" by {(prev[1] - f) / max(abs(f), 1e-300):.1e} relative"
             stop = f"sweep cap ({max_sweeps}) reached while the objective still changed{change}"

@@ -17,7 +17,7 @@ import torch
 
 from engine.align.common import storages
 from engine.align.run import align, endpoint_check
-from engine.align.weight import INIT_STEPS, weight_match
+from engine.align.weight import INIT_STEPS, WeightSettings, weight_match
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import interpolate
@@ -116,7 +116,8 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
     assert info["converged"] and len(f) < 30
     assert all(u >= v * (1 - 1e-9) for u, v in itertools.pairwise(f))  # coordinate descent never goes uphill
     assert info["work_dtype"] == "float64"  # small models: every product in float64
-    _g, capped = weight_match(prepare_pair(a, b, kinds), kinds, max_sweeps=2)  # a cap is reported, not silent
+    tight = WeightSettings(stop_tol=1e-12)  # a cap is reported, not silent
+    _g, capped = weight_match(prepare_pair(a, b, kinds), kinds, max_sweeps=2, settings=tight)
     assert not capped["converged"] and capped["stop"].startswith("sweep cap (2) reached")
     assert len(capped["sweeps"]) == 2 and "relative" in capped["stop"]
 

@@ -6,9 +6,18 @@ import torch
 
 from engine.align.common import default_classes, prepare_pair
 from engine.align.run import align
-from engine.align.weight import ResidualFit, Terms, WeightSettings, head_cost, match_mlp, residual_axes
+from engine.align.weight import (
+    ResidualFit,
+    Terms,
+    WeightSettings,
+    head_cost,
+    match_mlp,
+    residual_axes,
+    weight_match,
+)
 from engine.errors import LMCError
 from engine.models import canonical
+from engine.spec import build_spec
 from engine.symmetry import invert
 from tests.engine.test_align import make_case, planted
 
@@ -150,3 +159,22 @@ def test_bad_settings_are_refused_with_one_sentence():
     v = make_case("vit-learned")
     with pytest.raises(LMCError, match="seen_tokens applies to language models only"):
         align(v, make_case("vit-learned"), "weight", weight=WeightSettings(seen_tokens=[0]))
+
+
+@pytest.mark.parametrize("bad", [0, 1, -1e-3, 2.0, True, "1e-3", None])
+def test_stop_tol_is_a_number_between_0_and_1(bad):
+    with pytest.raises(LMCError, match="stop_tol"):
+        WeightSettings(stop_tol=bad)
+
+
+def test_a_tighter_stop_runs_more_sweeps_to_a_lower_objective():
+    a, b = unrelated("lm-learned")
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    runs = {tol: weight_match(prepare_pair(a, b, kinds), kinds, settings=WeightSettings(stop_tol=tol))[1]
+            for tol in (1e-3, 1e-5)}
+    objectives = {tol: [s["objective"] for s in r["sweeps"]] for tol, r in runs.items()}
+    loose, tight = objectives[1e-3], objectives[1e-5]
+    assert len(loose) < len(tight) and loose == tight[:len(loose)]  # the same descent, stopped earlier
+    gains = [(u - v) / v for u, v in zip(loose, loose[1:])]  # each sweep's relative decrease
+    assert gains[-1] <= 1e-3 and all(x > 1e-3 for x in gains[:-1])
+    assert tight[-1] < loose[-1] and "below 0.001" in runs[1e-3]["stop"]
