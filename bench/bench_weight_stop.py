@@ -17,8 +17,7 @@ import time
 
 import torch
 
-import engine.align.solvers as solvers
-import engine.align.weight as weight
+from engine.align import solvers, weight
 from engine.align.run import align
 from engine.align.weight import WeightSettings
 from engine.api import load_named

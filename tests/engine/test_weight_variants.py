@@ -1,6 +1,8 @@
 """Weight-matching settings (WeightSettings): the defaults are today's matching bit for bit, every variant
 still recovers a planted element exactly, each variant computes what it says, and bad settings are refused."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -175,6 +177,6 @@ def test_a_tighter_stop_runs_more_sweeps_to_a_lower_objective():
     objectives = {tol: [s["objective"] for s in r["sweeps"]] for tol, r in runs.items()}
     loose, tight = objectives[1e-3], objectives[1e-5]
     assert len(loose) < len(tight) and loose == tight[:len(loose)]  # the same descent, stopped earlier
-    gains = [(u - v) / v for u, v in zip(loose, loose[1:])]  # each sweep's relative decrease
+    gains = [(u - v) / v for u, v in itertools.pairwise(loose)]  # each sweep's relative decrease
     assert gains[-1] <= 1e-3 and all(x > 1e-3 for x in gains[:-1])
     assert tight[-1] < loose[-1] and "below 0.001" in runs[1e-3]["stop"]
