@@ -44,12 +44,14 @@ def pair_key(a: str, b: str) -> str:
 def pair_label(a: str, b: str) -> str:
     """'LM · RoPE · seeds 0, 1' for a zoo pair: short enough for the sidebar."""
     ea, eb = api.ENTRIES[a], api.ENTRIES[b]
-    return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]} · seeds {ea.seed}, {eb.seed}"
+    wide = f" · D {ea.width}" if ea.width else ""
+    return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]}{wide} · seeds {ea.seed}, {eb.seed}"
 
 
 def pair_title(a: str, b: str) -> str:
     ea = api.ENTRIES[a]
-    return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}"
+    wide = f", D {ea.width}" if ea.width else ""
+    return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}{wide}"
 
 
 def _zoo_pairs() -> dict[str, tuple[str, str]]:

@@ -171,13 +171,13 @@ def cmd_zoo(args) -> None:
     if not rows:
         print("the zoo is empty; run `python -m engine zoo build`")
         return
-    print(f"{'name':<20} {'params':>8} {'test loss':>10} {'test acc':>9} {'steps':>6}  bar")
+    print(f"{'name':<22} {'D':>4} {'params':>9} {'test loss':>10} {'test acc':>9} {'steps':>6}  bar")
 
     def num(v, spec: str) -> str:
         return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "-"
 
     for r in rows:
-        print(f"{r['name']:<20} {num(r.get('parameters'), ','):>8} {num(r.get('test_loss'), '.4f'):>10} "
+        print(f"{r['name']:<22} {num(r.get('d_model'), 'd'):>4} {num(r.get('parameters'), ','):>9} {num(r.get('test_loss'), '.4f'):>10} "
               f"{num(r.get('test_accuracy'), '.2%'):>9} {num(r.get('steps'), 'd'):>6}  "
               f"{'ok' if r.get('meets_bar') else 'MISSED'}")
 

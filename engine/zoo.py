@@ -1,6 +1,7 @@
 """The built-in model zoo: reference LMs and ViTs, two seeds per positional encoding.
 
-Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`; each holds
+Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, and the wider
+models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width); each holds
 config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
 (assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
 the data hash. `python -m engine zoo build` retrains the lot from these definitions.
@@ -26,6 +27,7 @@ VIT_PES = ("learned", "sinusoidal", "rope")
 SEEDS = (0, 1)
 SLOW_PE_STEPS = {"none": 3000, "sinusoidal": 2500}
 QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar each model must meet
+WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
 
 
 def zoo_dir() -> Path:
@@ -39,9 +41,11 @@ class ZooEntry:
     task: str
     pe: str
     seed: int
+    width: int | None = None  # None: the zoo's own width (LM 128, ViT 64)
 
     def config(self) -> RefConfig:
-        return lm_config(self.pe) if self.task == "lm" else vit_config(self.pe)
+        cfg = lm_config(self.pe) if self.task == "lm" else vit_config(self.pe)
+        return cfg if self.width is None else replace(cfg, d_model=self.width, d_mlp=4 * self.width)
 
     def train_config(self) -> TrainConfig:
         # NoPE must infer positions from the causal mask alone, and the fixed sinusoidal table learns
@@ -60,6 +64,7 @@ ENTRIES: dict[str, ZooEntry] = {
     e.name: e
     for e in [ZooEntry(f"lm-{pe}-s{s}", "lm", pe, s) for pe in LM_PES for s in SEEDS]
     + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
+    + [ZooEntry(f"{task}-{pe}-w{w}-s{s}", task, pe, s, w) for task, pe, w in WIDE for s in SEEDS]
 }
 
 
@@ -83,10 +88,10 @@ def display_name(name_or_path: str | Path) -> str:
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every same-architecture pair in the zoo: same task and positional encoding, different seeds."""
+    """Every same-architecture pair in the zoo: same task, positional encoding and width, different seeds."""
     out = []
     for a, b in combinations(ENTRIES.values(), 2):
-        if (a.task, a.pe) == (b.task, b.pe):
+        if (a.task, a.pe, a.width) == (b.task, b.pe, b.width):
             out.append((a.name, b.name))
     return out
 
@@ -128,7 +133,7 @@ def write_manifest() -> list[dict]:
                           f"{e.name} is left out of the zoo manifest.", stacklevel=2)
             continue
         rows.append({
-            "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed,
+            "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed, "d_model": e.config().d_model,
             "parameters": met["parameters"], "test_loss": met["test_loss"],
             "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
             "steps": met["steps"], "train_seconds": met.get("train_seconds"), "data_sha256": met.get("data_sha256"),

@@ -237,11 +237,12 @@ with left:
 st.subheader("The model zoo")
 rows = api.zoo_manifest()
 if rows:
-    cols = ["name", "task", "pe", "seed", "parameters", "test_loss", "test_accuracy", "meets_bar", "steps"]
+    cols = ["name", "task", "pe", "d_model", "seed", "parameters", "test_loss", "test_accuracy", "meets_bar", "steps"]
     st.dataframe(
         [{k: r.get(k) for k in cols} for r in rows], hide_index=True, key="zoo_table",
         column_config={
             "pe": "positional encoding",
+            "d_model": st.column_config.NumberColumn("width (D)"),
             "test_loss": st.column_config.NumberColumn("test loss", format="%.3f"),
             "test_accuracy": st.column_config.NumberColumn("test accuracy", format="%.3f"),
             "meets_bar": st.column_config.CheckboxColumn("meets quality bar"),

@@ -1,0 +1,10 @@
+"""The sidebar's pair labels name the width of a wider zoo pair, and only there."""
+
+from app.sidebar import pair_label, pair_title
+
+
+def test_a_wide_pair_is_labelled_with_its_width():
+    assert pair_label("vit-learned-w128-s0", "vit-learned-w128-s1").endswith("· D 128 · seeds 0, 1")
+    assert pair_title("vit-learned-w128-s0", "vit-learned-w128-s1").endswith(", D 128")
+    assert "D " not in pair_label("vit-learned-s0", "vit-learned-s1")
+    assert "D " not in pair_title("vit-learned-s0", "vit-learned-s1")
