@@ -6,7 +6,8 @@ residual fit, embedding rows of the tokens seen in the training split only: lang
 finally the two compatible variants with the lowest mean barrier together. Barrier and midpoint
 barrier of the aligned path on the test split, and the seconds of the alignment.
 
-Run: OMP_NUM_THREADS=2 .venv/bin/python bench/bench_weight_variants.py [--eval-items N] [--points P]
+Run: OMP_NUM_THREADS=2 .venv/bin/python bench/bench_weight_variants.py [--pairs lm-learned DIR_A,DIR_B ...]
+     [--lm-tokens N] [--points P]
 (results go into bench/RESULTS.md by hand)
 """
 
@@ -42,8 +43,13 @@ def settings_for(change: dict, task: str, seen: frozenset[int]) -> WeightSetting
     return replace(WeightSettings(), **(change | ({"seen_tokens": seen} if "seen_tokens" in change else {})))
 
 
+def endpoints(pair: str) -> tuple[str, str]:
+    """A zoo pair's two seeds, or two model directories given as 'A,B'."""
+    return tuple(pair.split(",")) if "," in pair else (f"{pair}-s0", f"{pair}-s1")
+
+
 def run(pair: str, st: WeightSettings, es, points: int) -> tuple[float, float, float, int]:
-    a, b = load_named(f"{pair}-s0"), load_named(f"{pair}-s1")
+    a, b = (load_named(x) for x in endpoints(pair))
     t0 = time.perf_counter()
     al = align(a, b, "weight", in_place=True, weight=st)
     dt = time.perf_counter() - t0
@@ -57,7 +63,8 @@ def main() -> None:
     ap.add_argument("--vit-images", type=int, default=1024)
     ap.add_argument("--points", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pairs", nargs="+", default=list(PAIRS))
+    ap.add_argument("--pairs", nargs="+", default=list(PAIRS),
+                    help="zoo pairs (lm-learned: seeds 0 and 1) or two model directories 'A,B'")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     seen = frozenset(torch.unique(default_splits().split("train")).tolist())
@@ -76,7 +83,7 @@ def main() -> None:
         print(f"| {pair} | {label} | {bar:.4f} / {mid:.4f} | {change} | {dt:.1f} s, {sweeps} |", flush=True)
 
     for pair in args.pairs:
-        probe = load_named(f"{pair}-s0")
+        probe = load_named(endpoints(pair)[0])
         sets[pair] = eval_set_for(probe, "test", args.lm_tokens if probe.arch.task == "lm" else args.vit_images)
         row(pair, "default", WeightSettings())
         for label, change in VARIANTS.items():
@@ -91,7 +98,7 @@ def main() -> None:
     label = f"{first} + {second}"
     print(f"mean change of barrier per variant: {', '.join(f'{k} {v:+.4f}' for k, v in mean.items())}")
     for pair in args.pairs:
-        task = load_named(f"{pair}-s0").arch.task
+        task = load_named(endpoints(pair)[0]).arch.task
         one, two = settings_for(VARIANTS[first], task, seen), settings_for(VARIANTS[second], task, seen)
         if one is None or two is None:
             continue
