@@ -146,7 +146,8 @@ def test_gpt2_pair_is_rotated_and_saved_as_a_reference_rmsnorm_model_computing_t
     x = eval_set_for(a, "test", 256).inputs[:4]
     with torch.no_grad():
         y, want, y_other = model_logits(m, x), model_logits(path_model, x), model_logits(other, x)
-    assert float((y - want).abs().max() / want.abs().max()) < 1e-6  # saved in float32 by the run
+    # aligned and saved in float32 by the run: float32 solves and weights, against a float64 rebuild
+    assert float((y - want).abs().max() / want.abs().max()) < 3e-5
     assert float((y - y_other).abs().max() / want.abs().max()) > 1e-3
 
 
