@@ -149,6 +149,22 @@ def _git_commit() -> str | None:
     return out if r.returncode == 0 and len(out) == 40 else None
 
 
+@functools.cache
+def _engine_modified() -> bool | None:
+    """Whether engine/ differs from that commit (uncommitted changes): then the commit alone does not say
+    which code produced a record. None without git."""
+    import subprocess
+
+    if _git_commit() is None:
+        return None
+    try:
+        r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "engine"], capture_output=True,
+                           text=True, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return bool(r.stdout.strip()) if r.returncode == 0 else None
+
+
 def _version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -159,13 +175,14 @@ def _version(dist: str) -> str | None:
 
 
 def provenance(device: str, dtype: str) -> dict:
-    """What produced a record: engine version and commit, library versions, device, dtype, threads."""
+    """What produced a record: engine version and commit (and whether engine/ had uncommitted changes),
+    library versions, device, dtype, threads."""
     import platform
 
     import torch
 
     return {
-        "engine_version": _version("lmc-explorer"), "git_commit": _git_commit(),
+        "engine_version": _version("lmc-explorer"), "git_commit": _git_commit(), "engine_modified": _engine_modified(),
         "torch": torch.__version__, "transformers": _version("transformers"), "python": platform.python_version(),
         "device": device, "dtype": dtype, "threads": torch.get_num_threads(),
     }

@@ -439,7 +439,8 @@ def test_out_writes_through_a_symlink_and_keeps_it(ctx, capsys):
     prov = rec["provenance"]
     assert prov["device"] == rec["config"]["device"] == "cpu" and prov["dtype"] == "float32"
     assert prov["torch"] == torch.__version__ and prov["threads"] == torch.get_num_threads()
-    assert set(prov) >= {"engine_version", "git_commit", "transformers"}
+    assert set(prov) >= {"engine_version", "git_commit", "engine_modified", "transformers"}
+    assert prov["engine_modified"] in (True, False, None)  # None: not a git checkout
 
 
 def test_save_merged_keeps_user_files_and_rewrites_only_its_own(ctx, capsys):

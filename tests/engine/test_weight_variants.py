@@ -163,7 +163,7 @@ def test_bad_settings_are_refused_with_one_sentence():
         align(v, make_case("vit-learned"), "weight", weight=WeightSettings(seen_tokens=[0]))
 
 
-@pytest.mark.parametrize("bad", [0, 1, -1e-3, 2.0, True, "1e-3", None])
+@pytest.mark.parametrize("bad", [0, 1, -1e-3, 2.0, True, "1e-3"])
 def test_stop_tol_is_a_number_between_0_and_1(bad):
     with pytest.raises(LMCError, match="stop_tol"):
         WeightSettings(stop_tol=bad)
@@ -180,3 +180,18 @@ def test_a_tighter_stop_runs_more_sweeps_to_a_lower_objective():
     gains = [(u - v) / v for u, v in itertools.pairwise(loose)]  # each sweep's relative decrease
     assert gains[-1] <= 1e-3 and all(x > 1e-3 for x in gains[:-1])
     assert tight[-1] < loose[-1] and "below 0.001" in runs[1e-3]["stop"]
+
+
+def test_the_default_stop_follows_the_work_dtype():
+    """float64 products (a small model, sweeps in milliseconds) run to 1e-4; float32 ones (scale) stop at 1e-3."""
+    from engine.align.weight import REL_TOL
+
+    assert REL_TOL == {torch.float64: 1e-4, torch.float32: 1e-3}
+    a, b = unrelated("lm-learned")
+    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    info = {tol: weight_match(prepare_pair(a, b, kinds), kinds, settings=WeightSettings(stop_tol=tol))[1]
+            for tol in (None, 1e-4)}
+    assert info[None]["work_dtype"] == "float64" and info[None]["stop_tol"] == 1e-4
+    assert [s["objective"] for s in info[None]["sweeps"]] == [s["objective"] for s in info[1e-4]["sweeps"]]
+    gains = [(u - v) / v for u, v in itertools.pairwise(s["objective"] for s in info[None]["sweeps"])]
+    assert gains[-1] <= 1e-4 < min(gains[:-1]) and "below 0.0001" in info[None]["stop"]
