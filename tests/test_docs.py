@@ -1,5 +1,6 @@
 """References from the code to the project's documents: every `docs/MATH.md section N` (or `§N`), every
-`docs/DESIGN.md section N` names a file that exists and a numbered heading it has, and every other `*.md`
+`docs/DESIGN.md section N` names a file that exists and a numbered heading it has, every
+`bench/RESULTS.md, "Title"` a heading of the benchmark results, and every other `*.md`
 the code mentions exists in the repository. Paths are relative to the repository root, or to the
 referring file's folder (a document in docs/ may say SCALE.md); a bare MATH.md in the code points
 outside the repository."""
@@ -20,6 +21,8 @@ REF = re.compile(rf"(?P<path>(?:docs/)?(?P<doc>MATH|DESIGN)\.md)"
                  rf"(?:\s*,?\s*(?P<notation>notation)(?:\s+and)?)?"
                  rf"(?:\s*,?\s*(?:sections?\s+|§\s*)(?P<nums>{NUM}(?:\s*(?:-|,|and)\s*{NUM})*))?"
                  rf"(?:\s*,\s*\"(?P<title>[^\"]+)\")?")
+# a named section of the benchmark results: bench/RESULTS.md, "Title" (the title may wrap across lines)
+RESULT = re.compile(r'(?P<path>bench/RESULTS\.md),\s*"(?P<title>[^"]+)"')
 MD = re.compile(r"(?<![\w{}./-])[\w./-]*[\w-]\.md\b")  # not a generated name (f"{stem}__x.md")
 
 
@@ -63,6 +66,11 @@ def problems(text: str, where: str, here: Path = ROOT) -> list[str]:
                 bad.append(f"{where}: {m.group('path')} has no section {n}")
         if m.group("title") and not any(m.group("title").lower() in h.lower() for h in heads):
             bad.append(f"{where}: {m.group('path')} has no heading {m.group('title')!r}")
+    for m in RESULT.finditer(text):
+        title = " ".join(re.sub(r"\n\s*#", " ", m.group("title")).split())  # wrapped, maybe in a comment
+        doc = resolve(m.group("path"), here)
+        if doc is not None and not any(title.lower() in h.lower() for h in headings(doc)):
+            bad.append(f"{where}: {m.group('path')} has no heading {title!r}")
     for m in MD.finditer(text):
         name = m.group(0)
         if resolve(name, here) is None and not REF.fullmatch(name):  # REF's own misses are reported above
@@ -97,7 +105,11 @@ def test_the_merged_notes_are_gone_and_nothing_points_at_them():
     ("(MATH.md section 1)", 1),  # bare: outside the repository
     ("docs/NOWHERE.md", 1),
     ("docs/MATH.md, notation", 0),
-    ('f"{stem}__report.md"', 0),  # a file name the code generates, not a reference
+    ('f"{stem}__report.md"', 0),
+    ('bench/RESULTS.md, "The ViT anomalies"', 0),
+    ('bench/RESULTS.md, "The ViT\n   anomalies"', 0),  # wrapped
+    ('# bench/RESULTS.md, "The ViT\n# anomalies"', 0),  # wrapped in a comment
+    ('bench/RESULTS.md, "A section nobody wrote"', 1),  # a file name the code generates, not a reference
 ])
 def test_the_checker_catches_what_it_should(text, expected):
     assert len(problems(text, "example")) == expected, problems(text, "example")
