@@ -1,0 +1,117 @@
+"""The app on two GPT-2-small directories, in a real browser: a live weight-matching run with a short path.
+
+    .venv/bin/python bench/bench_app_gpt2.py [--dir /tmp/lmc-bench] [--items 1024] [--method weight]
+
+Uses the GPT-2-small pair that bench/bench_scale.py builds (`gpt2-indep`: two HF initialisations, 124M
+parameters each; run `bench_scale.py --pairs gpt2-indep --tasks weight` first). Starts the app (Streamlit)
+with a throwaway run history, picks "Two model directories", types both paths, picks the method and the
+evaluation subset, presses Run and watches the run panel until the run ends. Prints every progress text the
+panel showed (sampled every 0.5 s), the wall time, the barrier of the finished record (from the run
+history), and the server process's peak resident memory (the kernel's VmHWM) as a multiple of one model's
+bytes, counted from the server's resident memory before the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+from bench_app import ARGS, CHROMIUM, IDLE  # the same browser and server settings
+
+METHODS = {"naive": "Naive", "weight": "Weight matching", "activation": "Activation matching"}
+
+
+def kib(pid: int, field: str) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/tmp/lmc-bench")
+    ap.add_argument("--items", type=int, default=1024, choices=(256, 1024, 8192, 32768))
+    ap.add_argument("--method", default="weight", choices=list(METHODS))
+    ap.add_argument("--timeout", type=float, default=1800)
+    args = ap.parse_args()
+    a, b = Path(args.dir) / "gpt2-s0", Path(args.dir) / "gpt2-s1"
+    for d in (a, b):
+        if not (d / "config.json").exists():
+            sys.exit(f"{d} is missing: run bench/bench_scale.py --pairs gpt2-indep --tasks weight first.")
+    from playwright.sync_api import sync_playwright
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a timeout's TERM still stops the server (finally)
+    home = tempfile.mkdtemp(prefix="lmc-app-gpt2-")
+    os.environ["LMC_EXPLORER_HOME"] = home  # the live run's record lands in a throwaway history
+    import bench_app
+
+    url, proc = bench_app.serve()
+    seen: list[str] = []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=ARGS)
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url)
+            page.wait_for_selector('h1:has-text("Connectivity")')
+            page.wait_for_function(IDLE)
+            side = page.locator('[data-testid="stSidebar"]')
+            side.locator('[data-testid="stSelectbox"]').first.click()
+            page.get_by_role("option", name="Two model directories…").click()
+            page.wait_for_function(IDLE)
+            for label, d in (("Model A directory", a), ("Model B directory", b)):
+                box = side.get_by_label(label)
+                box.fill(str(d))
+                box.press("Enter")
+                page.wait_for_function(IDLE)
+            side.locator('[data-testid="stSelectbox"]').nth(1).click()
+            page.get_by_role("option", name=METHODS[args.method], exact=True).click()
+            page.wait_for_function(IDLE)
+            slider = page.get_by_role("slider")
+            slider.focus()
+            slider.press("Home")  # 256
+            for _ in range((256, 1024, 8192, 32768).index(args.items)):
+                slider.press("ArrowRight")
+            page.wait_for_function(IDLE)
+            base = kib(proc.pid, "VmRSS")
+            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")  # VmHWM restarts from the current RSS
+            t0 = time.monotonic()
+            page.get_by_role("button", name="Run", exact=True).click()
+            page.get_by_role("button", name="Stop").wait_for()
+            while time.monotonic() - t0 < args.timeout:
+                if page.get_by_role("button", name="Stop").count() == 0:
+                    break
+                for text in page.locator('[data-testid="stProgress"]').all_inner_texts():
+                    text = " ".join(text.split())
+                    if text and (not seen or seen[-1] != text):
+                        seen.append(text)
+                time.sleep(0.5)
+            wall = time.monotonic() - t0
+            peak = kib(proc.pid, "VmHWM")
+            errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').all_inner_texts()
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    runs = sorted(Path(home, "runs").glob("run-*.json"))
+    rec = json.loads(runs[-1].read_text()) if runs else None
+    one = (a / "model.safetensors").stat().st_size
+    for s in seen:
+        print("progress:", s)
+    print(json.dumps({
+        "method": args.method, "items": args.items, "wall_s": round(wall, 1), "errors": errors,
+        "barrier": rec and rec["barrier"], "status": rec and rec.get("run", {}).get("status"),
+        "stop": rec and rec["alignment"]["diagnostics"].get("stop") if rec and args.method == "weight" else None,
+        "server_rss_before_mb": round(base / 1e6), "server_peak_mb": round(peak / 1e6),
+        "peak_over_model_beyond_before": round((peak - base) / one, 2), "model_mb": round(one / 1e6),
+        "load_avg": os.getloadavg()[0]}))
+
+
+if __name__ == "__main__":
+    main()
