@@ -46,7 +46,7 @@ def test_a_finished_live_run_survives_a_server_restart(browser, tiny_env, tmp_pa
             page.wait_for_selector('h1:has-text("Connectivity")')
             wait_idle(page)
             page.get_by_role("button", name="Run", exact=True).click()
-            page.wait_for_selector('[data-testid="stExpander"] summary:has-text("Done in")', timeout=60_000)
+            page.wait_for_selector('[data-testid="stExpander"] summary:has-text("Done in")', timeout=120_000)
             wait_idle(page)
             assert page.locator(EXC).count() == 0
         runs = history.list_runs(store)
