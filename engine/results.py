@@ -133,36 +133,34 @@ def resolve_device(device: str) -> str:
 # Records
 
 
-@functools.cache
-def _git_commit() -> str | None:
-    """The commit of the working tree the engine runs from, or None (no git, not a checkout)."""
+def _git(*args: str) -> str | None:
+    """`git -C ROOT args...`'s output, or None (no git, not a checkout, an error)."""
     import subprocess
 
     if not (ROOT / ".git").exists():
         return None
     try:
-        r = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                           check=False)
+        r = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return None
-    out = r.stdout.strip()
-    return out if r.returncode == 0 and len(out) == 40 else None
+    return r.stdout if r.returncode == 0 else None
+
+
+@functools.cache
+def _git_commit() -> str | None:
+    """The commit of the working tree the engine runs from, or None (no git, not a checkout)."""
+    out = (_git("rev-parse", "HEAD") or "").strip()
+    return out if len(out) == 40 else None
 
 
 @functools.cache
 def _engine_modified() -> bool | None:
     """Whether engine/ differs from that commit (uncommitted changes): then the commit alone does not say
     which code produced a record. None without git."""
-    import subprocess
-
     if _git_commit() is None:
         return None
-    try:
-        r = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "engine"], capture_output=True,
-                           text=True, timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return bool(r.stdout.strip()) if r.returncode == 0 else None
+    out = _git("status", "--porcelain", "--", "engine")
+    return None if out is None else bool(out.strip())
 
 
 def _version(dist: str) -> str | None:

@@ -30,6 +30,16 @@ def headings(doc: Path) -> list[str]:
     return [m.group(1).strip() for m in re.finditer(r"^#{1,4}\s+(.+)$", doc.read_text(), re.MULTILINE)]
 
 
+def title_of(quoted: str) -> str:
+    """A quoted section title as one line: it may wrap across lines, inside a code comment too."""
+    return " ".join(re.sub(r"\n\s*#", " ", quoted).split())
+
+
+def has_heading(doc: Path, quoted: str) -> bool:
+    title = title_of(quoted).lower()
+    return any(title in h.lower() for h in headings(doc))
+
+
 def numbers(spec: str) -> list[str]:
     """'1-3, 6' -> ['1', '2', '3', '6']; '4.5' -> ['4.5']."""
     out: list[str] = []
@@ -64,13 +74,12 @@ def problems(text: str, where: str, here: Path = ROOT) -> list[str]:
         for n in numbers(m.group("nums") or ""):
             if not any(re.match(rf"{re.escape(n)}[.\s]", h) for h in heads):
                 bad.append(f"{where}: {m.group('path')} has no section {n}")
-        if m.group("title") and not any(m.group("title").lower() in h.lower() for h in heads):
-            bad.append(f"{where}: {m.group('path')} has no heading {m.group('title')!r}")
+        if m.group("title") and not has_heading(doc, m.group("title")):
+            bad.append(f"{where}: {m.group('path')} has no heading {title_of(m.group('title'))!r}")
     for m in RESULT.finditer(text):
-        title = " ".join(re.sub(r"\n\s*#", " ", m.group("title")).split())  # wrapped, maybe in a comment
         doc = resolve(m.group("path"), here)
-        if doc is not None and not any(title.lower() in h.lower() for h in headings(doc)):
-            bad.append(f"{where}: {m.group('path')} has no heading {title!r}")
+        if doc is not None and not has_heading(doc, m.group("title")):
+            bad.append(f"{where}: {m.group('path')} has no heading {title_of(m.group('title'))!r}")
     for m in MD.finditer(text):
         name = m.group(0)
         if resolve(name, here) is None and not REF.fullmatch(name):  # REF's own misses are reported above
@@ -105,11 +114,11 @@ def test_the_merged_notes_are_gone_and_nothing_points_at_them():
     ("(MATH.md section 1)", 1),  # bare: outside the repository
     ("docs/NOWHERE.md", 1),
     ("docs/MATH.md, notation", 0),
-    ('f"{stem}__report.md"', 0),
+    ('f"{stem}__report.md"', 0),  # a file name the code generates, not a reference
     ('bench/RESULTS.md, "The ViT anomalies"', 0),
     ('bench/RESULTS.md, "The ViT\n   anomalies"', 0),  # wrapped
     ('# bench/RESULTS.md, "The ViT\n# anomalies"', 0),  # wrapped in a comment
-    ('bench/RESULTS.md, "A section nobody wrote"', 1),  # a file name the code generates, not a reference
+    ('bench/RESULTS.md, "A section nobody wrote"', 1),
 ])
 def test_the_checker_catches_what_it_should(text, expected):
     assert len(problems(text, "example")) == expected, problems(text, "example")

@@ -55,7 +55,7 @@ from engine.symmetry import GroupElement, LayerElement, act, element_maps, ident
 MAX_SWEEPS = 100  # a safety bound, not a budget: reaching it is reported as not converged
 # A sweep that lowers the objective by at most REL_TOL[work dtype] relative ends the descent. Small models
 # (float64 products, a sweep in well under a second) run to 1e-4: on the zoo that lowers five of six
-# barriers, the RoPE ViT's by 0.59, at twice the sweeps, while 1e-5 is no better again. At GPT-2 scale
+# barriers, the RoPE ViT's by 0.59, at twice the sweeps; 1e-5 is mixed at 2-3 times more. At GPT-2 scale
 # (float32 products, 15 s a sweep) what lies past 1e-3 is slow creep of the alternating continuous maps,
 # and 1e-3 ends an independent pair's descent after 3 sweeps (bench/RESULTS.md, "Stopping where the
 # barrier stops").
