@@ -254,3 +254,21 @@ def test_the_time_a_run_takes_is_said_before_it_starts(at):
 
 def test_every_engine_phase_has_a_label():
     assert tuple(live_run.PHASE_LABELS) == PHASES
+
+
+def test_the_served_app_does_not_collect_garbage_after_every_rerun(monkeypatch):
+    """The page reruns every POLL_S while a run works; streamlit's default full gc.collect after each
+    rerun holds the interpreter lock for about 0.5 s once two GPT-2-small models are loaded, and starved
+    the worker thread (weight matching about ten times slower than from the CLI). The project's
+    .streamlit/config.toml turns it off; read here by streamlit's own config parser, as `streamlit run`
+    from the repository root (make run, the browser tests) reads it."""
+    from streamlit import config
+
+    monkeypatch.chdir(Path(APP).parents[1])
+    try:
+        config.get_config_options(force_reparse=True)
+        assert config.get_option("runner.postScriptGC") is False
+        assert config.get_where_defined("runner.postScriptGC").endswith(".streamlit/config.toml")
+    finally:
+        monkeypatch.undo()
+        config.get_config_options(force_reparse=True)
