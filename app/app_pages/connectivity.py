@@ -24,6 +24,11 @@ LM_TOKENS = (1_024, 2_048, 4_096, 8_192, 16_384, 32_768, 65_536, None)
 VIT_IMAGES = (45, 90, 180, None)
 ANY_ITEMS = (256, 1_024, 8_192, 32_768, None)  # directories: tokens or images, unknown until loaded
 DEFAULT_ITEMS = {"lm": 8_192, "vit": None, None: 8_192}
+# Points on lambda for a live run: every point scores the test subset and a train sample, so a short
+# path is what makes a first look at two real checkpoints affordable on a CPU (a GPT-2-small point
+# on 1,024 tokens takes about half a minute on one busy core); 21 is the cached curves' grid.
+POINTS = (3, 5, 11, 21, 41)
+DEFAULT_POINTS = 21
 
 
 @st.cache_data(show_spinner=False)
@@ -55,9 +60,16 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
     return st.select_slider(
         label, options, value=DEFAULT_ITEMS[sel.task], key=f"eval_items_{sel.task or 'custom'}",
         format_func=lambda n: items_label(n, sel.task),
-        help="Test-set subset the live run scores at each of the 21 points on λ; its train curve scores a "
+        help="Test-set subset the live run scores at each point on λ; its train curve scores a "
              "train-split sample of the same size (capped for language models).",
     )
+
+
+def points_picker() -> int:
+    return st.select_slider(
+        "Points on λ", POINTS, value=DEFAULT_POINTS, key="path_points",
+        help="Evenly spaced points from λ = 0 to 1, the endpoints included; the time of the path grows with "
+             "them. The barrier is read on these points: fewer can miss the peak.")
 
 
 def references(live_runs: dict, cached: list[dict]) -> list[dict]:
@@ -191,10 +203,11 @@ left, right = st.columns([3, 1], gap="large")
 with right, st.container(border=True):
     st.markdown("**Recompute live**")
     eval_items = eval_items_picker(sel)
+    points = points_picker()
     cfg = None
     if description:
         try:
-            cfg = api.RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items)
+            cfg = api.RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items, points=points)
         except api.LMCError as e:
             messages.error(e)
     ready = cfg is not None

@@ -118,6 +118,19 @@ def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
     assert curves(chart(at, "barrier_chart"))
 
 
+def test_a_short_live_path_has_the_points_picked(tiny_env):
+    at = page()
+    assert at.select_slider(key="path_points").value == 21  # the cached curves' grid
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    at.select_slider(key="path_points").set_value(5).run()
+    finish(at.button(key="run").click().run())
+    assert not at.exception
+    live = at.session_state["live_runs"][CACHED_PAIRS[0]]["naive"]
+    assert live["lambdas"] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0], abs=1e-12)
+    assert len(live["loss"]) == 5
+    assert curves(chart(at, "barrier_chart"))[f"{NAIVE}, live (1,024 tokens)"] == pytest.approx(live["loss"], abs=0)
+
+
 def test_live_run_with_the_picked_method_is_drawn_beside_the_cached_curves(tiny_env):
     at = page()
     names = methods()
