@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from engine import api
 from engine.api import PHASES, Cancelled, CancelToken, LMCError, RunConfig, Update
 
-POLL_S = 0.5  # how often the page redraws a running run
+POLL_S = 1.0  # how often the page redraws a running run (at 0.5 s the browser's redraws took twice the CPU,
+# and a GPT-2-small alignment in the app 23% longer: bench/RESULTS.md, "Scale, fifth pass")
 SESSION_GRACE_S = 30.0  # a session disconnected this long stops its run
 KEY = "live_run"  # where the session keeps its run
 
