@@ -16,7 +16,7 @@ there is kept, and its test loss (the engine's evaluation) goes into `--dir/<pai
 (b) Runs: every method on every path through `engine.api.run_pair`, the methods with their defaults
 (learned and dual at `--learned-steps`), on the first `--eval-items` test bytes and `--points` points.
 One markdown table on stdout (and in `--out`): barrier and midpoint barrier per pair, method and path,
-the alignment's seconds, and the figures the issue reports for the reference code, which this script
+the alignment's seconds, and the figures measured with the reference code on pairs of this recipe, which this script
 does not run (see REFERENCE).
 
 GPT2Config's dropout default (0.1) is left out by default (`--dropout 0`): the zoo's recipe has none,
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# Barriers (nats/byte) measured by the issue author with the reference code (Theus et al. 2025,
+# Barriers (nats/byte) measured with the reference code (Theus et al. 2025,
 # "Generalized linear mode connectivity for transformers"), on pairs of this shape trained on the
 # bundled corpus, scored with this engine's evaluation (65,536 test tokens, 21 points). The reference
 # interpolates per-head circuits, so its figures compare with the circuit path as well as the weight
@@ -50,7 +50,7 @@ REFERENCE = {
     "undertrained": {"loss": 2.46, "naive": 0.2405, "weight": 0.0030, "learned": 0.0005},
     "trained": {"loss": 1.35, "naive": 2.281, "weight": 0.899, "learned": 0.619},
 }
-REFERENCE_NOTE = ("reference = measured by the issue author with the reference code (weight matching; learned "
+REFERENCE_NOTE = ("reference = measured with the reference code on another pair of this recipe (weight matching; learned "
                   "matching 100 steps), not by this script")
 
 
