@@ -24,10 +24,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from bench_app import ARGS, CHROMIUM, IDLE  # the same browser and server settings
 
-METHODS = {"naive": "Naive", "weight": "Weight matching", "activation": "Activation matching"}
+from engine.api import method_names
+
+METHODS = method_names()  # the labels the app's method picker shows
+ITEMS = (256, 1024, 8192, 32768)  # the app's evaluation subsets for directories (connectivity.ANY_ITEMS, less "whole")
+POINTS = (3, 5, 11, 21, 41)  # the app's points on lambda (connectivity.POINTS)
 
 
 def kib(pid: int, field: str) -> int:
@@ -56,8 +60,8 @@ def browser_cpu_s() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/tmp/lmc-bench")
-    ap.add_argument("--items", type=int, default=1024, choices=(256, 1024, 8192, 32768))
-    ap.add_argument("--points", type=int, default=21, choices=(3, 5, 11, 21, 41), help="points on lambda")
+    ap.add_argument("--items", type=int, default=1024, choices=ITEMS)
+    ap.add_argument("--points", type=int, default=21, choices=POINTS, help="points on lambda")
     ap.add_argument("--method", default="weight", choices=list(METHODS))
     ap.add_argument("--timeout", type=float, default=1800)
     args = ap.parse_args()
@@ -93,7 +97,7 @@ def main() -> None:
             side.locator('[data-testid="stSelectbox"]').nth(1).click()
             page.get_by_role("option", name=METHODS[args.method], exact=True).click()
             page.wait_for_function(IDLE)
-            for nth, options, value in ((0, (256, 1024, 8192, 32768), args.items), (1, (3, 5, 11, 21, 41), args.points)):
+            for nth, options, value in ((0, ITEMS, args.items), (1, POINTS, args.points)):
                 slider = page.get_by_role("slider").nth(nth)  # evaluation items, then points on lambda
                 slider.focus()
                 slider.press("Home")
@@ -129,10 +133,10 @@ def main() -> None:
     print(json.dumps({
         "method": args.method, "items": args.items, "points": args.points, "wall_s": round(wall, 1), "errors": errors,
         "barrier": rec and rec["barrier"], "status": rec and rec.get("run", {}).get("status"),
-        "stop": rec and rec["alignment"]["diagnostics"].get("stop") if rec and args.method == "weight" else None,
+        "stop": rec["alignment"]["diagnostics"].get("stop") if rec and args.method == "weight" else None,
         "server_rss_before_mb": round(base / 1e6), "server_peak_mb": round(peak / 1e6),
         "peak_over_model_beyond_before": round((peak - base) / one, 2), "model_mb": round(one / 1e6),
-        "align_s": rec and round(rec["alignment"]["seconds"], 1) if rec else None,
+        "align_s": round(rec["alignment"]["seconds"], 1) if rec else None,
         "server_cpu_s": round(server_cpu, 1), "browser_cpu_s": round(browser_cpu, 1),
         "load_avg": os.getloadavg()[0]}))
 
