@@ -103,8 +103,24 @@ def _print_classes(rec: dict) -> None:
 # Checks made before any model is loaded
 
 
+def _is_record(f: Path) -> bool:
+    """Whether `f` holds a result record (load_record accepts it); a file not starting with '{' is read
+    no further, so a large foreign file costs one byte."""
+    from engine.results import load_record
+
+    try:
+        with open(f, "rb") as fh:
+            if fh.read(1) != b"{":
+                return False
+        load_record(f)
+    except (OSError, LMCError):
+        return False
+    return True
+
+
 def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = None) -> Path | None:
-    """--out: a regular file (or new), not a file of an input model, not a file of the merged checkpoint."""
+    """--out: a regular file (or new), not a file of an input model, not a file of the merged checkpoint,
+    and, if it exists and is not empty, a result record (a file this tool wrote): nothing else is replaced."""
     from engine.models.io import MARKER, OWN_FILES, check_output_file
 
     if out is None:
@@ -118,6 +134,9 @@ def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = Non
     if merged_dir is not None and target.parent == Path(os.path.realpath(merged_dir)) and (
             target.name in (*OWN_FILES, MARKER) or target.suffix == ".safetensors"):
         raise LMCError(f"--out {out} would replace {target.name} of the model saved with --save-merged.")
+    if target.exists() and target.stat().st_size and not _is_record(target):
+        raise LMCError(f"--out {out} already holds a file that is not a result record of this tool; choose "
+                       "another file name (only an earlier record is replaced).")
     return target
 
 
@@ -461,7 +480,8 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
                    help="keep both endpoints on the CPU and only the path model on --device (a pair that "
                         "does not fit the GPU three times)")
     p.add_argument("--out", type=_path, default=None,
-                   help="write the result record (JSON) here; checked before the run starts")
+                   help="write the result record (JSON) here; checked before the run starts; an existing "
+                        "file is replaced only if it is an earlier result record")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -13,7 +13,8 @@ Writing. Nothing the tool did not write is deleted or replaced:
   directory without it (unless the caller overwrites on purpose) and any input model directory;
 - an output file is written to a temporary file beside its target, then moved over it; a symlink is
   written through (its target is replaced, not the link), and anything but a regular file as the
-  target (a directory, a device, a fifo) is refused.
+  target (a directory, a device, a fifo) is refused; the CLI's --out replaces an existing file only
+  if it is a result record (engine.cli).
 Output locations are checked before a computation starts (`check_output_file`, `check_output_dir`),
 so a result is never computed only to be lost at the end.
 """

@@ -288,6 +288,8 @@ CASES: dict[str, Case] = {
     "out-symlink-to-dir": (lambda c: [I, c.a, c.b, "--out", _link_to_dir(c)], "is a directory"),
     "out-empty": (lambda c: [I, c.a, c.b, "--out", ""], "empty string"),
     "out-into-input-model": (lambda c: [I, c.a, c.b, "--out", str(c.base.a / "config.json")], "input model"),
+    "out-over-a-user-file": (lambda c: [I, c.a, c.b, "--out", c.file("notes.txt", "my notes\n")], "not a result record"),
+    "out-over-other-json": (lambda c: [A, c.a, c.b, "--out", c.file("r.json", '{"mine": 1}\n')], "not a result record"),
     "out-over-merged-config": (lambda c: [A, c.a, c.b, "--save-merged", "mg", "--out", "mg/config.json"],
                                "--save-merged"),
     "save-merged-dot": (lambda c: [A, c.a, c.b, "--save-merged", (c.file("keep.txt"), ".")[1]],
@@ -441,6 +443,14 @@ def test_out_writes_through_a_symlink_and_keeps_it(ctx, capsys):
     assert prov["torch"] == torch.__version__ and prov["threads"] == torch.get_num_threads()
     assert set(prov) >= {"engine_version", "git_commit", "engine_modified", "transformers"}
     assert prov["engine_modified"] in (True, False, None)  # None: not a git checkout
+
+
+def test_out_replaces_an_earlier_record_and_an_empty_file(ctx, capsys):
+    argv = [I, ctx.a, ctx.b, "--points", "2", "--eval-items", "64", "--out", ctx.file("r.json", "")]
+    assert main(argv) == 0, capsys.readouterr().err  # an empty file holds nothing to lose
+    first = load_record(ctx.work / "r.json")
+    assert main([*argv[:-2], "--points", "3", "--out", str(ctx.work / "r.json")]) == 0, capsys.readouterr().err
+    assert len(first["lambdas"]) == 2 and len(load_record(ctx.work / "r.json")["lambdas"]) == 3
 
 
 def test_save_merged_keeps_user_files_and_rewrites_only_its_own(ctx, capsys):
