@@ -200,7 +200,8 @@ def stop(state: MutableMapping, reason: str = "stopped on request") -> bool:
 
 
 PHASE_LABELS = {"load": "Loading the models", "measure B": "Measuring B before it moves",
-                "align": "Aligning B onto A", "interpolate": "Walking the path"}
+                "align": "Aligning B onto A", "interpolate": "Walking the path",
+                "attribution": "Finding where the barrier lives"}
 
 
 def phases_of(method: str) -> tuple[str, ...]:

@@ -172,11 +172,14 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
     `cache build` computes it without loading the models to tell whether a stored record is current.
     """
     from engine.align import METHODS
+    from engine.align.learned import run_options, step_budget
 
     if cfg.method not in METHODS:
         raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
     data = digits_sha256() if task == "vit" else default_splits().sha256
-    return replace(cfg, steps=cfg.steps or METHODS[cfg.method].default_steps, data_sha256=data,
+    default = METHODS[cfg.method].default_steps
+    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), default) if default else cfg.steps
+    return replace(cfg, steps=steps, data_sha256=data,
                    device=resolve_device(cfg.device))
 
 
@@ -192,12 +195,14 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
-             cancel: CancelToken | None = None, train_curve: bool = True) -> dict:
+             cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool = True) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
     split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set);
     `train_curve` False leaves the train curve out (the class ablation keeps test curves only).
+    `attribution` (default on) attributes the midpoint barrier to layers and, for aligned runs, to
+    the symmetry classes (engine.attribution: the record's `attribution`).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
@@ -269,6 +274,11 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
     alignment = alignment_record(al)  # before anything below folds the models in place
     extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out}
+    if attribution and cfg.path == "weights":
+        from engine.attribution import attribute
+
+        extra["attribution"] = attribute(al, es, path, cancel=cancel, progress=phases.phase("attribution"))
+        timings["attribution"] = extra["attribution"]["seconds"]
     if offload:
         extra["offload"] = True
     if save_merged is not None:

@@ -1,13 +1,14 @@
 """What a run is doing and how long it has left: its phases, progress within each, remaining time.
 
 The engine's loops report plain ticks, (done, total, message) (`Progress`).
-`engine.api.run_pair` runs in four phases,
+`engine.api.run_pair` runs in five phases,
 
     load          both models read from disk                      ticks: models (2)
     measure B     B's held-out loss before it is moved            ticks: evaluation batches
     align         the aligner: weight-matching sweeps (a tick per layer), activation layers,
                   learned / dual optimisation steps                ticks: layers or steps
     interpolate   the path                                         ticks: grid points
+    attribution   the midpoint barrier by layer and by class       ticks: evaluations (engine.attribution)
 
 and `Phases` turns each phase's ticks into Updates for one callback, with the time the phase has
 left, estimated from its rate so far. A phase may make several passes (weight matching sweeps over
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-PHASES = ("load", "measure B", "align", "interpolate")
+PHASES = ("load", "measure B", "align", "interpolate", "attribution")
 
 Progress = Callable[[int, int, str], None]  # a loop's tick: (done, total, message)
 
@@ -137,6 +138,7 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
             out["interpolate"] = per_item_point * points * (eval_size * paths + train_size)
             out["measure B"] = 0.0 if method == "naive" else per_item_point * eval_size
             out["load"] = float(t.get("load", 0.0))
+            out["attribution"] = per_item_point * eval_size * attribution_evaluations(method, arch)
             break
     if method == "naive":
         out["align"] = 0.0
@@ -150,6 +152,13 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
             out["align"] = t["align"] * scale
             break
     return out
+
+
+def attribution_evaluations(method: str, arch: dict) -> int:
+    """Evaluations the attribution makes at most: the midpoint, two per block (embedding, head, and
+    each layer whole, its attention and its MLP), and one per dropped class (at most six)."""
+    layers = arch.get("n_layers") if isinstance(arch.get("n_layers"), int) else 0
+    return 1 + 2 * (2 + 3 * layers) + (0 if method == "naive" else 6)
 
 
 def remaining_seconds(current: Update | None, estimates: dict[str, float | None]) -> float | None:

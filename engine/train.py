@@ -11,6 +11,7 @@ random seeds" does in the LMC literature.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import asdict, dataclass, replace
@@ -21,6 +22,7 @@ import torch.nn.functional as F
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from tqdm import tqdm
 
+from engine import train_state
 from engine.data import default_splits, digits_sha256, digits_splits, image_batches, lm_batches
 from engine.errors import LMCError
 from engine.evaluate import evaluate, lm_eval_set, vit_eval_set
@@ -84,11 +86,16 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | None = None,
-          progress: bool = True, overwrite: bool = False) -> tuple[Model, dict]:
+          progress: bool = True, overwrite: bool = False, store_dtype: torch.dtype = torch.float32) -> tuple[Model, dict]:
     """Train one reference model; save checkpoint + metrics.json to `out` if given.
 
     `out` is checked before training (engine.models.io.check_output_dir: a non-empty directory the
     tool did not write needs `overwrite`), so a finished training is never lost to a bad location.
+    With `out`, the run is resumable: its state is written at every validation point
+    (engine.train_state) and an interrupted run of the same model, seed and recipe continues from
+    there, to the same weights up to float summation order. `store_dtype` bfloat16 rounds the kept
+    weights before the held-out evaluation and saves them so (the medium zoo tier: half the bytes);
+    the metrics are those of the rounded model.
     """
     tc = tc or (LM_TRAIN if cfg.task == "lm" else VIT_TRAIN)
     if not (isinstance(tc.steps, int) and tc.steps >= 1 and isinstance(tc.eval_every, int) and tc.eval_every >= 1):
@@ -120,14 +127,28 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
         data_hash = digits_sha256()
 
     curve: list[dict] = []
-    t0 = time.perf_counter()
-    bar = tqdm(range(tc.steps), desc=f"train {cfg.task}-{cfg.pe}-s{seed}", disable=not progress)
     # The digits ViT's validation loss still jumps by 0.1-0.2 between evaluations late in training;
     # averaging the weights (time constant 1 / (1 - decay) steps) smooths that out.
     ema = AveragedModel(net, multi_avg_fn=get_ema_multi_avg_fn(tc.ema_decay)) if tc.ema_decay else None
     scored = replace(model, module=ema.module) if ema is not None else model  # the weights evaluated and kept
     smooth = None
     best: tuple[float, int, dict] = (float("inf"), 0, {})
+    where = train_state.state_dir(out) if out is not None else None
+    start, elapsed = 0, 0.0
+    resumed = train_state.load(where, cfg.to_dict(), seed, tc) if where is not None else None
+    if resumed is not None:
+        net.load_state_dict(resumed.model)
+        if ema is not None and resumed.ema is not None:
+            ema.load_state_dict(resumed.ema)
+        opt.load_state_dict(resumed.optimizer)
+        for _ in range(resumed.step):  # the same data order: the streams are functions of the seed alone
+            next(stream)
+        torch.set_rng_state(resumed.rng)
+        start, elapsed, smooth, curve = resumed.step, resumed.elapsed, resumed.smooth, resumed.curve
+        best = (resumed.best_loss, resumed.best_step, resumed.best)
+    t0 = time.perf_counter() - elapsed
+    bar = tqdm(range(start, tc.steps), desc=f"train {cfg.task}-{cfg.pe}-s{seed}", disable=not progress,
+               initial=start, total=tc.steps)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
@@ -148,8 +169,15 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
             bar.set_postfix(train=f"{smooth:.3f}", val=f"{v['loss']:.3f}")
             if v["loss"] < best[0]:  # keep the checkpoint with the lowest validation loss
                 best = (v["loss"], step + 1, {k: t.detach().clone() for k, t in scored.module.state_dict().items()})
+            if where is not None and step + 1 < tc.steps:
+                train_state.save(where, cfg.to_dict(), seed, tc, step + 1, smooth, curve, best,
+                                 time.perf_counter() - t0, net, ema, opt)
     train_s = time.perf_counter() - t0
     net.load_state_dict(best[2])
+    if store_dtype != torch.float32:  # what is saved is what is measured
+        with torch.no_grad():
+            for t in net.parameters():
+                t.copy_(t.to(store_dtype))
 
     test = lm_eval_set("test", None, cfg.n_ctx) if cfg.task == "lm" else vit_eval_set("test")
     held = evaluate(model, test)
@@ -159,7 +187,11 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
         "test_set": test.description, "data_sha256": data_hash,
         "parameters": sum(p.numel() for p in net.parameters()),
     }
+    if store_dtype != torch.float32:
+        metrics["stored_dtype"] = str(store_dtype).removeprefix("torch.")
     if out is not None:
-        save_model(model, out, overwrite=overwrite)
+        saved = model if store_dtype == torch.float32 else replace(model, module=copy.deepcopy(net).to(store_dtype))
+        save_model(saved, out, overwrite=overwrite)
         write_json_atomic(Path(out) / "metrics.json", metrics)
+        train_state.clear(where)
     return model, metrics

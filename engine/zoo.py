@@ -1,7 +1,9 @@
 """The built-in model zoo: reference LMs and ViTs, two seeds per positional encoding.
 
-Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, and the wider
-models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width); each holds
+Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, the wider
+models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width), and the
+medium tier `lm-{pe}-medium-s{seed}` (the same recipe at the shape of Theus et al.'s GPT-2-style LM:
+6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone); each holds
 config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
 (assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
 the data hash. `python -m engine zoo build` retrains the lot from these definitions.
@@ -14,6 +16,8 @@ import warnings
 from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
+
+import torch
 
 from engine.data import ASSETS
 from engine.errors import ModelError
@@ -28,6 +32,8 @@ SEEDS = (0, 1)
 SLOW_PE_STEPS = {"none": 3000, "sinusoidal": 2500}
 QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar each model must meet
 WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
+MEDIUM = {"n_layers": 6, "d_model": 256, "d_mlp": 1024}  # the medium tier's shape (4 heads, context 128 as small)
+MEDIUM_PES = ("learned", "rope")  # learned: the reference's setting; RoPE: the PE story at this size
 
 
 def zoo_dir() -> Path:
@@ -42,10 +48,17 @@ class ZooEntry:
     pe: str
     seed: int
     width: int | None = None  # None: the zoo's own width (LM 128, ViT 64)
+    tier: str = "small"  # "small" | "medium" (MEDIUM's shape)
 
     def config(self) -> RefConfig:
         cfg = lm_config(self.pe) if self.task == "lm" else vit_config(self.pe)
+        if self.tier == "medium":
+            return replace(cfg, **MEDIUM)
         return cfg if self.width is None else replace(cfg, d_model=self.width, d_mlp=4 * self.width)
+
+    @property
+    def store_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if self.tier == "medium" else torch.float32
 
     def train_config(self) -> TrainConfig:
         # NoPE must infer positions from the causal mask alone, and the fixed sinusoidal table learns
@@ -65,6 +78,7 @@ ENTRIES: dict[str, ZooEntry] = {
     for e in [ZooEntry(f"lm-{pe}-s{s}", "lm", pe, s) for pe in LM_PES for s in SEEDS]
     + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-w{w}-s{s}", task, pe, s, w) for task, pe, w in WIDE for s in SEEDS]
+    + [ZooEntry(f"lm-{pe}-medium-s{s}", "lm", pe, s, tier="medium") for pe in MEDIUM_PES for s in SEEDS]
 }
 
 
@@ -88,10 +102,10 @@ def display_name(name_or_path: str | Path) -> str:
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every same-architecture pair in the zoo: same task, positional encoding and width, different seeds."""
+    """Every same-architecture pair in the zoo: same task, positional encoding, width and tier, different seeds."""
     out = []
     for a, b in combinations(ENTRIES.values(), 2):
-        if (a.task, a.pe, a.width) == (b.task, b.pe, b.width):
+        if (a.task, a.pe, a.width, a.tier) == (b.task, b.pe, b.width, b.tier):
             out.append((a.name, b.name))
     return out
 
@@ -134,6 +148,7 @@ def write_manifest() -> list[dict]:
             continue
         rows.append({
             "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed, "d_model": e.config().d_model,
+            "n_layers": e.config().n_layers, "tier": e.tier, "stored_dtype": met.get("stored_dtype", "float32"),
             "parameters": met["parameters"], "test_loss": met["test_loss"],
             "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
             "steps": met["steps"], "train_seconds": met.get("train_seconds"), "data_sha256": met.get("data_sha256"),
@@ -151,6 +166,7 @@ def build(names: list[str] | None = None, progress: bool = True) -> list[dict]:
         raise ModelError(f"{unknown[0]} is not a zoo model ({', '.join(ENTRIES)}).")
     for n in names or list(ENTRIES):
         e = ENTRIES[n]
-        train(e.config(), e.seed, e.train_config(), out=e.path, progress=progress, overwrite=True)  # the zoo's own
+        # the zoo's own directories; an interrupted build of the same model resumes (engine.train_state)
+        train(e.config(), e.seed, e.train_config(), out=e.path, progress=progress, overwrite=True, store_dtype=e.store_dtype)
         write_manifest()
     return write_manifest()

@@ -28,6 +28,7 @@ from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional
 from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative
 from engine.align.weight import weight_match
 from engine.progress import relabel
+from engine.results import MAX_STEPS
 from engine.symmetry import GroupElement, apply
 
 IDENTITY_LAMBDAS = (0.25, 0.5, 0.75)
@@ -84,7 +85,8 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
                          "matching: "), cancel=ctx.cancel)
     t_init = t()
     # one stretch of progress for both optimisations: the dual steps, then the one-sided comparison's
-    total = 2 * steps if ctx.compare_one_sided else steps
+    unit = steps if steps < MAX_STEPS else 1000  # without a step cap, progress is per mille of the time budget
+    total = 2 * unit if ctx.compare_one_sided else unit
     res = optimise(ctx, g0, dual=True, steps=steps, time_budget_s=ctx.time_budget_s,
                    progress=relabel(ctx.progress, "dual: ", total=total))
     g_a, g_b = res["g_a"], res["g_b"]

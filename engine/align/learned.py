@@ -89,6 +89,7 @@ from engine.errors import LMCError
 from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.progress import Progress, relabel
+from engine.results import MAX_STEPS
 from engine.spec import ParamSpec, Spec
 from engine.symmetry import (
     GroupElement,
@@ -179,6 +180,31 @@ def run_options(extra: tuple[tuple[str, str], ...]) -> dict:
     if kw:
         out["learned"] = Settings(**kw)
     return out
+
+
+def step_budget(steps: int, time_budget_s: float | None, default: int) -> int:
+    """The step cap of a run: the one asked for; none (MAX_STEPS) when only a time budget is given, so
+    that the time budget ends the run, not the step default; else the method's default."""
+    if steps:
+        return steps
+    return MAX_STEPS if time_budget_s is not None else default
+
+
+def budget_fraction(step: int, steps: int, seconds: float, time_budget_s: float | None) -> float:
+    """How much of its budget a run has used after `step` steps and `seconds` of optimisation: the
+    larger of the step and the time fractions (the time one only under a time budget)."""
+    p = step / steps
+    return max(p, seconds / time_budget_s) if time_budget_s is not None else p
+
+
+def fraction_factor(p: float, warmup: float) -> float:
+    """The step size at budget fraction p as a fraction of the peak: linear warm-up over the first
+    `warmup` of the budget, then a cosine decay to 0 at its end (a run under a time budget follows
+    the clock, so its schedule fits the time it has)."""
+    p = min(max(p, 0.0), 1.0)
+    if p <= warmup:
+        return p / warmup
+    return 0.5 * (1.0 + math.cos(math.pi * (p - warmup) / (1.0 - warmup)))
 
 
 def lr_factor(step: int, steps: int, warmup: float) -> float:
@@ -725,6 +751,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
 
     every = st.eval_every or max(1, steps // EVALS)
     done, loss, stopped, waited = 0, float("nan"), "steps", 0
+    next_check = 1 / EVALS  # under a time budget a check also comes at every EVALS-th of the budget
     t_opt = tick()
     for step in range(1, steps + 1 if opt else 1):
         check(ctx.cancel, f"{name}, step {step}/{steps}")
@@ -735,7 +762,10 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             solve(step - 1)
         x, y = next(batches)
         lam = sample_lambda(rng, st.lambdas)
-        f = lr_factor(step, steps, st.warmup)
+        if time_budget_s is None:
+            f = lr_factor(step, steps, st.warmup)
+        else:  # the schedule follows whichever of the step and time budgets runs out first
+            f = fraction_factor(budget_fraction(step - 1, steps, clock(), time_budget_s), st.warmup)
         for g in opt.param_groups:
             g["lr"] = g["peak"] * f
         theta_b = act_ste(spec, side_b.maps(), pb)
@@ -749,10 +779,13 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         done = step
         for key, val in (("step", step), ("train_loss", loss), ("lr_factor", f), ("lambda", lam)):
             curve[key].append(val)
+        p = budget_fraction(step, steps, clock(), time_budget_s)
         if progress:
-            progress(step, steps, f"step {step}/{steps}: train loss {loss:.4f}, "
-                                  f"best validation midpoint loss {best_val:.4f}")
-        if step % every == 0 or step == steps:
+            of = f"{step}/{steps}" if steps < MAX_STEPS else f"{step}, {p:.0%} of {time_budget_s:.0f} s"
+            progress(*((step, steps) if steps < MAX_STEPS else (round(1000 * p), 1000)),
+                     f"step {of}: train loss {loss:.4f}, best validation midpoint loss {best_val:.4f}")
+        if step % every == 0 or step == steps or (time_budget_s is not None and p >= next_check):
+            next_check = (math.floor(p * EVALS) + 1) / EVALS
             waited = 0 if validate(step, loss) else waited + 1
             if st.patience is not None and waited >= st.patience and step < steps:
                 stopped = "patience"

@@ -29,7 +29,7 @@ from engine.align.common import (
     storages,
     tick,
 )
-from engine.align.learned import Settings
+from engine.align.learned import Settings, step_budget
 from engine.align.solvers import single_thread
 from engine.align.weight import SMALL_MODEL, WeightSettings
 from engine.cancel import CancelToken
@@ -87,7 +87,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     kinds = choice.classes
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
-    ctx = AlignContext(pair, kinds, steps or METHODS[method].default_steps, seed, progress=progress, qk_structure=qk_structure,
+    steps = step_budget(steps, time_budget_s, METHODS[method].default_steps) if METHODS[method].default_steps else 0
+    ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned,
                       weight=weight)
     out = METHODS[method].fn(ctx)

@@ -270,3 +270,56 @@ def test_cli_flags_reach_the_record(tmp_path, capsys):
     capsys.readouterr()
     assert main(args[:-4] + ["--out", str(out), "--method", "weight", "--patience", "2"]) == 2  # no --steps
     assert "--patience" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Budgets in steps and seconds
+
+
+def test_only_a_time_budget_lifts_the_step_default():
+    from engine.align.learned import step_budget
+    from engine.results import MAX_STEPS
+
+    assert step_budget(0, None, 100) == 100  # nothing asked: the method's default
+    assert step_budget(0, 30.0, 100) == MAX_STEPS  # only a time budget: the clock ends the run
+    assert step_budget(50, 30.0, 100) == 50  # both: whichever runs out first
+
+
+def test_the_schedule_follows_the_budget_that_runs_out_first():
+    from engine.align.learned import budget_fraction, fraction_factor
+
+    assert budget_fraction(10, 100, 5.0, None) == 0.1
+    assert budget_fraction(10, 100, 5.0, 10.0) == 0.5  # the clock is ahead of the steps
+    assert budget_fraction(90, 100, 5.0, 10.0) == 0.9
+    assert fraction_factor(0.05, 0.1) == pytest.approx(0.5)  # half way up the warm-up
+    assert fraction_factor(0.1, 0.1) == 1.0
+    assert fraction_factor(0.55, 0.1) == pytest.approx(0.5)  # half way down the cosine
+    assert fraction_factor(1.0, 0.1) == 0.0 and fraction_factor(2.0, 0.1) == 0.0
+    # the step schedule is the same curve sampled at its steps: warm-up and decay land where the fraction says
+    f = [fraction_factor(s / 100, 0.1) for s in range(1, 101)]
+    assert f[:10] == pytest.approx([lr_factor(s, 100, 0.1) for s in range(1, 11)], rel=1e-12)
+    assert all(a > b for a, b in itertools.pairwise(f[9:]))
+
+
+def test_a_run_given_only_seconds_uses_them_and_decays_its_step_size_on_the_clock(monkeypatch):
+    from engine.results import MAX_STEPS
+
+    clock = [0.0]
+
+    def tick():  # a fake clock: every call to it is a second later, whatever the machine does
+        def now():
+            clock[0] += 1.0
+            return clock[0]
+        return now
+
+    monkeypatch.setattr(learned, "tick", tick)
+    pair, kinds = tiny()
+    res = optimise(AlignContext(pair, kinds, steps=MAX_STEPS), identity(pair.arch), dual=False, steps=MAX_STEPS,
+                   time_budget_s=60.0, settings=Settings(lr_perm=0.0))
+    curve = res["curve"]
+    assert res["stopped"] == "time_budget" and 5 < res["steps_done"] < 60  # the clock ended it, not the steps
+    f = curve["lr_factor"]
+    assert max(f) > 0.9 and f[-1] < 0.1  # warmed up, then decayed to near zero by the end of the budget
+    peak = f.index(max(f))
+    assert all(a >= b for a, b in itertools.pairwise(f[peak:]))
+    assert len(res["history"]["step"]) >= 8  # checks at every tenth of the budget, not every MAX_STEPS // 10 steps

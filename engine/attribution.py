@@ -1,0 +1,157 @@
+"""Where the barrier lives: the midpoint barrier of an aligned pair attributed to layers and to classes
+(docs/MATH.md section 5, "Barrier attribution").
+
+Blocks. For a set S of parameters (the embeddings, one layer, its attention or its MLP, the final norm
+and head), interpolate S alone and hold everything else at an endpoint:
+
+    e_A(S) = L(theta_A with S at the midpoint) - L(theta_A),   e_B(S) = L(theta_B' with S at the midpoint) - L(theta_B'),
+    e(S) = (e_A(S) + e_B(S)) / 2,
+
+where the midpoint is (theta_A + theta_B') / 2 and theta_B' = g.theta_B, the path's own endpoints. When
+only S differs between the endpoints, the model "A with S at the midpoint" IS the path's midpoint,
+so e(S) equals the midpoint barrier exactly: a pair misaligned in one layer puts its whole barrier on
+that layer (tests/engine/test_attribution.py). In general the blocks interact; the record keeps the
+sum of the layer terms beside the barrier so that the interaction can be read off.
+
+Classes. For each symmetry class c the run used, the class is dropped from the element, g_c =
+restrict(g, classes - {c}) (B then keeps its own coordinates for c), and the midpoint barrier of
+theta_A and g_c.theta_B is measured; its rise over the full element's midpoint barrier is what that
+class buys. g_c is still in the group, so B's endpoint loss is unchanged and the chord is the run's.
+
+The evaluation set is the run's own (the record's eval_set), so the terms compare with the record's
+midpoint barrier. Cost: 2 evaluations per block (3 blocks per layer, plus embeddings and head) and
+one per class, each the cost of one path point.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.cancel import CancelToken, check
+from engine.evaluate import EvalSet, evaluate
+from engine.models import Model
+
+LAYER = re.compile(r"(?:^|\.)(\d+)\.")  # the first integer component of a state-dict key: its layer
+MLP = re.compile(r"mlp|ffn|feed_forward|norm2|ln_2|post_attention_layernorm")  # the MLP half (else attention)
+HEAD = re.compile(r"head|embed_out|norm_f|ln_f|final|fc_norm|^norm\.")  # after the layers
+EMBEDDING = re.compile(r"embed|wte|wpe|pos|cls|patch|tok")  # before the layers: the stream's first writers
+
+
+def block_of(key: str) -> tuple[str, int | None, str]:
+    """(block, layer, part) of a native state-dict key: ("layer 3", 3, "attention"), ("embedding", None,
+    "all"), ("head", None, "all"). Works on every family's names (blocks.3., transformer.h.3., model.layers.3.)."""
+    m = LAYER.search(key)
+    if m is not None:
+        layer = int(m.group(1))
+        return f"layer {layer}", layer, "mlp" if MLP.search(key[m.end():]) else "attention"
+    if HEAD.search(key) or not EMBEDDING.search(key):
+        return "head", None, "all"
+    return "embedding", None, "all"
+
+
+def blocks(keys: list[str]) -> list[tuple[str, int | None, str, list[str]]]:
+    """The parameter sets attributed: embedding, each layer (whole, attention, MLP), head; in path order."""
+    by: dict[tuple[str, int | None, str], list[str]] = {}
+    for k in keys:
+        name, layer, part = block_of(k)
+        by.setdefault((name, layer, part), []).append(k)
+        if layer is not None:
+            by.setdefault((name, layer, "all"), []).append(k)
+    order = {"embedding": -1, "head": 10**9}
+
+    def rank(b: tuple[str, int | None, str]) -> tuple:
+        return (order.get(b[0], b[1]), ("all", "attention", "mlp").index(b[2]))
+
+    return [(n, layer, part, by[(n, layer, part)]) for n, layer, part in sorted(by, key=rank)]
+
+
+class _Mixer:
+    """One work model set to an endpoint with some tensors at the midpoint, in place (no other copy)."""
+
+    def __init__(self, a: Model, b: Model, work: Model):
+        self.sa = {k: v.detach() for k, v in a.module.state_dict().items()}
+        self.sb = {k: v.detach() for k, v in b.module.state_dict().items()}
+        self.sw = work.module.state_dict()
+        self.work = work
+
+    @torch.no_grad()
+    def set(self, base: str, mid: set[str]) -> Model:
+        src = self.sa if base == "a" else self.sb
+        for k, w in self.sw.items():
+            if not w.is_floating_point():
+                continue
+            if k in mid:
+                torch.lerp(self.sa[k].to(w.device), self.sb[k].to(w.device), 0.5, out=w)
+            else:
+                w.copy_(src[k])
+        return self.work
+
+
+def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
+              progress: Callable[[int, int, str], None] | None = None) -> dict:
+    """The record's `attribution` for an aligned pair `al` (engine.align.run.Aligned) whose path `path`
+    (engine.interpolate.interpolate's result) was walked on `es`. One work model of the pair's
+    architecture is allocated; the endpoints are read, never written. Without a group element (naive)
+    only the blocks are attributed."""
+    from engine.align.common import RESIDUAL, model_for
+    from engine.align.run import restrict
+    from engine.interpolate import _empty_copy
+    from engine.symmetry import apply, compose, invert
+
+    t0 = time.perf_counter()
+    a, b = al.model_a, al.model_b
+    loss_a, loss_b = path["endpoint_loss_a"], path["endpoint_loss_b"]
+    work = _empty_copy(a, next(a.module.parameters()).device)
+    mix = _Mixer(a, b, work)
+    everything = set(mix.sw)
+    floating = [k for k, v in mix.sw.items() if v.is_floating_point()]
+    every = blocks(floating)
+    todo = [bl for bl in every if any(not torch.equal(mix.sa[k], mix.sb[k]) for k in bl[3])]
+    kinds = sorted(al.classes) if al.method != "naive" else []
+    groups = [c for c in kinds if c not in RESIDUAL] + (["residual"] if set(RESIDUAL) & set(kinds) else [])
+    total, done = 2 * len(todo) + 1 + len(groups), 0
+
+    def measure(model: Model, what: str) -> float:
+        nonlocal done
+        check(cancel, f"attribution, {what}")
+        loss = evaluate(model, es, cancel=cancel)["loss"]
+        done += 1
+        if progress:
+            progress(done, total, what)
+        return loss
+
+    midpoint_barrier = measure(mix.set("a", everything), "the midpoint") - 0.5 * (loss_a + loss_b)
+    rows = {}
+    for name, layer, part, keys in todo:
+        label = name if part == "all" else f"{name} {part}"
+        ea = measure(mix.set("a", set(keys)), f"{label}, from A") - loss_a
+        eb = measure(mix.set("b", set(keys)), f"{label}, from B") - loss_b
+        rows[(name, part)] = {"block": name, "layer": layer, "part": part, "excess_a": ea, "excess_b": eb,
+                              "excess": 0.5 * (ea + eb)}
+    zero = {"excess_a": 0.0, "excess_b": 0.0, "excess": 0.0}  # equal at both ends: nothing to attribute
+    rows = [rows.get((n, p)) or {"block": n, "layer": layer, "part": p} | zero for n, layer, p, _ in every]
+    classes = []
+    if groups:
+        g = al.out.g
+        pb = al.pair.params_b if al.in_place else al.moved_params  # theta_B' = g.theta_B
+        g_inv = invert(al.pair.arch, g)
+        for c in groups:
+            keep = frozenset(al.classes) - (set(RESIDUAL) if c == "residual" else {c})
+            h = compose(al.pair.arch, restrict(g, keep), g_inv)  # theta_B' -> g_c.theta_B
+            b_c = model_for(b, al.pair.arch, apply(al.pair.arch, h, pb, strict=False))
+            mb = measure(_Mixer(a, b_c, work).set("a", everything), f"without {c}") - 0.5 * (loss_a + loss_b)
+            del b_c
+            classes.append({"class": c, "midpoint_barrier": mb, "rise": mb - midpoint_barrier})
+    return {
+        "lambda": 0.5,
+        "midpoint_barrier": midpoint_barrier,
+        "blocks": rows,
+        "sum_of_layers": sum(r["excess"] for r in rows if r["part"] == "all"),
+        "classes": classes,
+        "eval_set": es.description,
+        "seconds": time.perf_counter() - t0,
+    }

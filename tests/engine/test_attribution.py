@@ -1,0 +1,108 @@
+"""Barrier attribution (engine.attribution): the midpoint barrier by layer and by symmetry class."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ref_models import random_model, tiny
+
+from engine.api import run_pair
+from engine.attribution import block_of, blocks
+from engine.models import canonical, save_model, set_canonical
+from engine.results import RunConfig
+
+N_CTX = 16
+EVAL_TOKENS = 8 * N_CTX
+
+
+def one_layer_permuted(seed: int, layer: int):
+    """A model and the same model with layer `layer`'s MLP neurons permuted: the same function, whose
+    weights differ in that layer alone."""
+    a = random_model(tiny(n_ctx=N_CTX, vocab_size=256), seed, std=0.3)
+    b = random_model(tiny(n_ctx=N_CTX, vocab_size=256), seed, std=0.3)
+    p = canonical(b)
+    perm = torch.randperm(p[f"blocks.{layer}.mlp.W_in"].shape[1], generator=torch.Generator().manual_seed(7))
+    p[f"blocks.{layer}.mlp.W_in"] = p[f"blocks.{layer}.mlp.W_in"][:, perm]
+    p[f"blocks.{layer}.mlp.W_out"] = p[f"blocks.{layer}.mlp.W_out"][perm]
+    set_canonical(b, p)
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attr")
+    a, b = one_layer_permuted(0, layer=1)
+    save_model(a, root / "a")
+    save_model(b, root / "b")
+    return str(root / "a"), str(root / "b")
+
+
+def test_a_pair_misaligned_in_one_layer_puts_the_whole_barrier_on_that_layer(planted):
+    rec = run_pair(RunConfig(*planted, "naive", points=3, eval_items=EVAL_TOKENS, dtype="float64"), train_curve=False)
+    at = rec["attribution"]
+    assert rec["midpoint_barrier"] > 0.01  # a real barrier: the permuted MLP does not average with A's
+    assert at["midpoint_barrier"] == pytest.approx(rec["midpoint_barrier"], rel=1e-12)
+    rows = {(r["block"], r["part"]): r for r in at["blocks"]}
+    assert rows[("layer 1", "all")]["excess"] == pytest.approx(rec["midpoint_barrier"], rel=1e-12)
+    assert rows[("layer 1", "mlp")]["excess"] == pytest.approx(rec["midpoint_barrier"], rel=1e-12)
+    for key in [("embedding", "all"), ("layer 0", "all"), ("layer 0", "attention"), ("layer 0", "mlp"),
+                ("layer 1", "attention"), ("head", "all")]:
+        assert rows[key]["excess"] == 0.0, key  # equal at both ends: nothing there
+    assert at["sum_of_layers"] == pytest.approx(rec["midpoint_barrier"], rel=1e-12)
+    assert at["classes"] == []  # naive: no element to take classes out of
+
+
+def test_weight_matching_removes_the_planted_layer_and_the_classes_say_what_it_took(planted):
+    rec = run_pair(RunConfig(*planted, "weight", classes=("mlp",), points=3, eval_items=EVAL_TOKENS,
+                             dtype="float64"), train_curve=False)
+    at = rec["attribution"]
+    assert rec["barrier"] == pytest.approx(0.0, abs=1e-9)  # the permutation is recovered exactly
+    assert all(abs(r["excess"]) < 1e-9 for r in at["blocks"])
+    (only,) = at["classes"]
+    assert only["class"] == "mlp"
+    # without the MLP permutation B is back in its own coordinates: the naive barrier returns
+    naive = run_pair(RunConfig(*planted, "naive", points=3, eval_items=EVAL_TOKENS, dtype="float64"),
+                     train_curve=False, attribution=False)
+    assert only["midpoint_barrier"] == pytest.approx(naive["midpoint_barrier"], rel=1e-9)
+    assert only["rise"] == pytest.approx(naive["midpoint_barrier"] - at["midpoint_barrier"], rel=1e-9)
+    assert "attribution" not in naive
+
+
+def test_a_random_pair_with_every_class_has_one_row_per_layer_part_and_one_per_class(tmp_path):
+    for seed in (0, 1):
+        save_model(random_model(tiny(n_ctx=N_CTX, vocab_size=256), seed, std=0.1), tmp_path / f"m{seed}")
+    rec = run_pair(RunConfig(str(tmp_path / "m0"), str(tmp_path / "m1"), "weight", points=3, eval_items=EVAL_TOKENS,
+                             dtype="float64"), train_curve=False)
+    at = rec["attribution"]
+    assert [(r["block"], r["part"]) for r in at["blocks"]] == [
+        ("embedding", "all"), ("layer 0", "all"), ("layer 0", "attention"), ("layer 0", "mlp"),
+        ("layer 1", "all"), ("layer 1", "attention"), ("layer 1", "mlp"), ("head", "all")]
+    assert [c["class"] for c in at["classes"]] == ["heads", "mlp", "qk", "vo", "residual"]
+    assert at["midpoint_barrier"] == pytest.approx(rec["midpoint_barrier"], rel=1e-9)
+    for c in at["classes"]:
+        assert c["rise"] == pytest.approx(c["midpoint_barrier"] - at["midpoint_barrier"], abs=1e-12)
+    assert rec["timings"]["attribution"] == round(at["seconds"], 3) and at["seconds"] > 0
+
+
+@pytest.mark.parametrize(("key", "expected"), [
+    ("embed.tok", ("embedding", None, "all")),
+    ("blocks.2.norm1.g", ("layer 2", 2, "attention")),
+    ("blocks.2.norm2.g", ("layer 2", 2, "mlp")),
+    ("transformer.h.11.ln_2.weight", ("layer 11", 11, "mlp")),
+    ("model.layers.3.post_attention_layernorm.weight", ("layer 3", 3, "mlp")),
+    ("model.layers.3.self_attn.o_proj.weight", ("layer 3", 3, "attention")),
+    ("gpt_neox.embed_in.weight", ("embedding", None, "all")),
+    ("embed_out.weight", ("head", None, "all")),
+    ("transformer.ln_f.bias", ("head", None, "all")),
+    ("cls_token", ("embedding", None, "all")),
+    ("fc_norm.weight", ("head", None, "all")),
+])
+def test_every_family_s_keys_fall_in_their_block(key, expected):
+    assert block_of(key) == expected
+
+
+def test_blocks_come_in_path_order():
+    keys = ["head.W", "blocks.10.mlp.W_in", "blocks.2.attn.W_Q", "embed.tok", "norm_f.g"]
+    assert [(n, p) for n, _, p, _ in blocks(keys)] == [
+        ("embedding", "all"), ("layer 2", "all"), ("layer 2", "attention"), ("layer 10", "all"),
+        ("layer 10", "mlp"), ("head", "all")]

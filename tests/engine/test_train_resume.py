@@ -1,0 +1,75 @@
+"""An interrupted training run resumes from its last validation point (engine.train_state)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from engine import train_state
+from engine.models import load_model
+from engine.train import LM_TRAIN, VIT_TRAIN, lm_config, train, vit_config
+
+LM = replace(lm_config("learned"), n_layers=2, d_model=32, d_mlp=64, n_ctx=32)
+LM_TC = replace(LM_TRAIN, steps=12, eval_every=4, warmup=3, eval_items=512)
+VIT = replace(vit_config("rope"), n_layers=1, d_model=16, d_mlp=32)
+VIT_TC = replace(VIT_TRAIN, steps=12, eval_every=4, warmup=3, eval_items=64)
+
+
+def interrupted(cfg, tc, out, at_step: int) -> None:
+    """Train into `out`, killed (KeyboardInterrupt) inside optimiser step `at_step`."""
+    orig, calls = torch.optim.AdamW.step, [0]
+
+    def step(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == at_step:
+            raise KeyboardInterrupt
+        return orig(self, *a, **k)
+
+    torch.optim.AdamW.step = step
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg, 3, tc, out=out, progress=False)
+    finally:
+        torch.optim.AdamW.step = orig
+
+
+@pytest.mark.parametrize(("cfg", "tc"), [(LM, LM_TC), (VIT, VIT_TC)], ids=["lm", "vit-ema-augment"])
+def test_a_resumed_run_ends_with_the_weights_and_curve_of_an_uninterrupted_one(tmp_path, cfg, tc):
+    _, whole = train(cfg, 3, tc, out=tmp_path / "whole", progress=False)
+    interrupted(cfg, tc, tmp_path / "part", at_step=10)  # after the checks at steps 4 and 8
+    where = train_state.state_dir(tmp_path / "part")
+    assert sorted(p.name for p in where.iterdir()) == ["state.json", "state.safetensors"]
+    _, resumed = train(cfg, 3, tc, out=tmp_path / "part", progress=False)
+    assert resumed["curve"] == whole["curve"]  # the same validation losses at every check, resumed or not
+    assert resumed["test_loss"] == whole["test_loss"]
+    a, b = load_model(tmp_path / "whole"), load_model(tmp_path / "part")
+    for (k, u), v in zip(a.module.state_dict().items(), b.module.state_dict().values()):
+        assert torch.equal(u, v), k
+    assert not where.exists()  # a finished run leaves no state behind
+
+
+def test_another_run_s_state_is_not_resumed(tmp_path):
+    interrupted(LM, LM_TC, tmp_path / "m", at_step=6)
+    other = replace(LM_TC, lr=1e-3)
+    assert train_state.load(train_state.state_dir(tmp_path / "m"), LM.to_dict(), 3, other) is None
+    assert train_state.load(train_state.state_dir(tmp_path / "m"), LM.to_dict(), 4, LM_TC) is None
+    assert train_state.load(train_state.state_dir(tmp_path / "m"), LM.to_dict(), 3, LM_TC).step == 4
+
+
+def test_a_state_torn_between_its_two_writes_is_ignored(tmp_path):
+    interrupted(LM, LM_TC, tmp_path / "m", at_step=10)
+    where = train_state.state_dir(tmp_path / "m")
+    meta = (where / "state.json").read_text()
+    (where / "state.json").write_text(meta.replace('"step": 8', '"step": 4'))  # tensors of step 8, JSON of step 4
+    assert train_state.load(where, LM.to_dict(), 3, LM_TC) is None
+
+
+def test_bfloat16_storage_saves_and_measures_the_rounded_weights(tmp_path):
+    model, met = train(LM, 3, LM_TC, out=tmp_path / "m", progress=False, store_dtype=torch.bfloat16)
+    assert met["stored_dtype"] == "bfloat16"
+    loaded = load_model(tmp_path / "m")
+    for (k, u), v in zip(model.module.state_dict().items(), loaded.module.state_dict().values()):
+        assert torch.equal(u, v), k  # the model measured is exactly the model saved
+        assert torch.equal(v, v.to(torch.bfloat16).float()), k
