@@ -44,14 +44,20 @@ def pair_key(a: str, b: str) -> str:
 def pair_label(a: str, b: str) -> str:
     """'LM · RoPE · seeds 0, 1' for a zoo pair: short enough for the sidebar."""
     ea, eb = api.ENTRIES[a], api.ENTRIES[b]
-    wide = f" · D {ea.width}" if ea.width else ""
-    return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]}{wide} · seeds {ea.seed}, {eb.seed}"
+    return f"{TASK_LABELS[ea.task]} · {PE_LABELS[ea.pe]}{_size(ea, ' · ')} · seeds {ea.seed}, {eb.seed}"
+
+
+def _size(e, sep: str) -> str:
+    """'' for the zoo's own size; ' · D 128' for a wider pair; ' · medium, 6 x 256' for the medium tier."""
+    if e.tier != "small":
+        cfg = e.config()
+        return f"{sep}{e.tier}, {cfg.n_layers} × {cfg.d_model}"
+    return f"{sep}D {e.width}" if e.width else ""
 
 
 def pair_title(a: str, b: str) -> str:
     ea = api.ENTRIES[a]
-    wide = f", D {ea.width}" if ea.width else ""
-    return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}{wide}"
+    return f"{TASK_TITLES[ea.task]}, {PE_TITLES[ea.pe]}{_size(ea, ', ')}"
 
 
 def _zoo_pairs() -> dict[str, tuple[str, str]]:

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_learned_budget.py [--pairs lm-learned lm-none vit-learned]
         [--methods learned dual] [--checkpoints 25 50 100 200] [--items 8192] [--points 11] [--out FILE]
+    .venv/bin/python bench/bench_learned_budget.py --time-budgets 60 120 240 [--pairs lm-learned-medium ...]
 
 For each pair and method: ONE run of max(checkpoints) steps from the weight-matching start (the
 schedule, warm-up + cosine, spans the whole run), and at every checkpoint the full-path barrier of
@@ -9,6 +10,11 @@ the best element kept so far (the element the run would return if it stopped the
 evaluation: `--items` test tokens / images (the ViT test split is smaller: all of it) and `--points`
 points. Step 0 is the weight-matching start. The naive barrier is measured in the same (norm-folded)
 coordinates. One JSON line per checkpoint on stdout, all of them in --out.
+
+With --time-budgets: for each budget T a SEPARATE run given only T seconds (no step cap: the schedule
+follows the clock, as `align --time-budget T` does), its final element's barrier, the steps it took,
+its process CPU seconds and the seconds of a 1024^3 float32 matmul measured in the same process (so
+budgets compare across machines as ratios). Run it alone: the clock is the budget.
 """
 
 from __future__ import annotations
@@ -21,11 +27,25 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = ("lm-learned", "lm-none", "vit-learned")
+PAIRS = ("lm-learned", "lm-none", "lm-rope", "lm-sinusoidal", "vit-learned", "vit-sinusoidal", "vit-rope",
+         "vit-learned-w128", "lm-learned-medium", "lm-rope-medium")
+
+
+def matmul_seconds() -> float:
+    """Seconds of one 1024^3 float32 matmul (best of 5): the same-process reference of a budget."""
+    import torch
+
+    x = torch.randn(1024, 1024)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        x @ x
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, points: int, settings: dict,
-             emit, eval_every: int, variants: list[dict]) -> None:
+             emit, eval_every: int | None, variants: list[dict], time_budgets: list[float] | None = None) -> None:
     import torch
 
     from engine.align.common import AlignContext, model_for, prepare_pair, resolve_classes
@@ -60,6 +80,21 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
     g0, _ = weight_match(pair, kinds, None)
     init_s = time.perf_counter() - t
     emit(base | {"method": "weight", "step": 0, "seconds": init_s} | path(g0))
+    if time_budgets:
+        from engine.results import MAX_STEPS
+
+        for method, variant, budget in ((m, v, T) for m in methods for v in variants for T in time_budgets):
+            st = Settings(**(settings | variant))
+            ref = matmul_seconds()
+            cpu, t = time.process_time(), time.perf_counter()
+            res = optimise(AlignContext(pair, kinds, steps=MAX_STEPS), g0, dual=method == "dual", steps=MAX_STEPS,
+                           time_budget_s=budget, settings=st)
+            row = base | {"method": method, "variant": variant, "time_budget_s": budget, "matmul_s": ref,
+                          "opt_seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - cpu,
+                          "steps_done": res["steps_done"], "stopped": res["stopped"], "best_step": res["best_step"],
+                          "best_val_midpoint_loss": res["best_val_midpoint_loss"]}
+            emit(row | path(relative(pair.arch, res["g_a"], res["g_b"])))
+        return
     steps = max(checkpoints)
     for method, variant in ((m, v) for m in methods for v in variants):
         st = Settings(eval_every=eval_every, **(settings | variant))
@@ -94,9 +129,11 @@ def main() -> None:
     ap.add_argument("--lambdas", default=None, help="lam sampling mode (narrow, uniform, fixed)")
     ap.add_argument("--variants", nargs="+", type=json.loads, default=[{}],
                     help="Settings overrides as JSON objects, one optimisation run each from the same start")
+    ap.add_argument("--time-budgets", nargs="+", type=float, default=None,
+                    help="seconds: one separate run per budget, no step cap (the schedule follows the clock)")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     args = ap.parse_args()
-    if any(c % args.eval_every for c in args.checkpoints):
+    if not args.time_budgets and any(c % args.eval_every for c in args.checkpoints):
         ap.error("--eval-every must divide every checkpoint")
     settings = {k: v for k, v in (("lr_perm", args.lr_perm), ("lr_map", args.lr_map),
                                             ("lambdas", args.lambdas)) if v is not None}
@@ -114,7 +151,7 @@ def main() -> None:
     try:
         for name in args.pairs:
             run_pair(name, args.methods, sorted(set(args.checkpoints)), args.items, args.points, settings, emit,
-                     args.eval_every, args.variants)
+                     args.eval_every, args.variants, args.time_budgets)
     finally:
         if out:
             out.close()

@@ -91,16 +91,40 @@ class _Mixer:
         return self.work
 
 
+@torch.no_grad()
+def midpoint_moved(al, work: Model, h) -> None:
+    """work <- (theta_A + h.theta_B') / 2 in the pair's coordinates, one parameter at a time (each acted
+    on in float64 at least, like engine.align.run.move_in_place): no copy of B is made."""
+    from engine.align.common import storages
+    from engine.models import canonical, set_canonical
+    from engine.symmetry import act, element_maps
+
+    spec, pa = al.pair.spec, al.pair.params_a
+    pb = al.pair.params_b if al.in_place else al.moved_params  # theta_B' = g.theta_B
+    maps = element_maps(h)
+    views, own, pending = canonical(work, copy=False), storages(work), {}
+    for key, v in views.items():
+        x = pb[key].to(torch.promote_types(pb[key].dtype, torch.float64))
+        moved = act(spec.params[key], maps, x) if key in spec.params else x
+        new = torch.lerp(pa[key].to(moved.dtype), moved, 0.5).to(v.dtype)
+        if v.untyped_storage().data_ptr() in own:
+            v.copy_(new)
+        else:
+            pending[key] = new
+    if pending:
+        set_canonical(work, views | pending)
+
+
 def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
               progress: Callable[[int, int, str], None] | None = None) -> dict:
     """The record's `attribution` for an aligned pair `al` (engine.align.run.Aligned) whose path `path`
     (engine.interpolate.interpolate's result) was walked on `es`. One work model of the pair's
     architecture is allocated; the endpoints are read, never written. Without a group element (naive)
     only the blocks are attributed."""
-    from engine.align.common import RESIDUAL, model_for
+    from engine.align.common import RESIDUAL
     from engine.align.run import restrict
     from engine.interpolate import _empty_copy
-    from engine.symmetry import apply, compose, invert
+    from engine.symmetry import compose, invert
 
     t0 = time.perf_counter()
     a, b = al.model_a, al.model_b
@@ -137,14 +161,11 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
     classes = []
     if groups:
         g = al.out.g
-        pb = al.pair.params_b if al.in_place else al.moved_params  # theta_B' = g.theta_B
         g_inv = invert(al.pair.arch, g)
         for c in groups:
             keep = frozenset(al.classes) - (set(RESIDUAL) if c == "residual" else {c})
-            h = compose(al.pair.arch, restrict(g, keep), g_inv)  # theta_B' -> g_c.theta_B
-            b_c = model_for(b, al.pair.arch, apply(al.pair.arch, h, pb, strict=False))
-            mb = measure(_Mixer(a, b_c, work).set("a", everything), f"without {c}") - 0.5 * (loss_a + loss_b)
-            del b_c
+            midpoint_moved(al, work, compose(al.pair.arch, restrict(g, keep), g_inv))  # theta_B' -> g_c.theta_B
+            mb = measure(work, f"without {c}") - 0.5 * (loss_a + loss_b)
             classes.append({"class": c, "midpoint_barrier": mb, "rise": mb - midpoint_barrier})
     return {
         "lambda": 0.5,

@@ -90,6 +90,25 @@ def _print_path_table(rec: dict) -> None:
               f"midpoint barrier {rec['midpoint_barrier_folded']:.4f}")
 
 
+def _print_attribution(rec: dict) -> None:
+    """Where the midpoint barrier lives: each block alone, and what each class buys."""
+    at = rec.get("attribution")
+    if not at:
+        return
+    parts: dict[str, dict[str, float]] = {}
+    for r in at["blocks"]:
+        parts.setdefault(r["block"], {})[r["part"]] = r["excess"]
+    top = max(parts, key=lambda b: parts[b]["all"])
+    print(f"barrier attribution (midpoint barrier {at['midpoint_barrier']:.4f}; each block interpolated alone, "
+          f"the rest at an endpoint; sum {at['sum_of_layers']:.4f}):")
+    for block, v in parts.items():
+        split = f"  (attention {v['attention']:.4f}, MLP {v['mlp']:.4f})" if "mlp" in v and "attention" in v else ""
+        print(f"  {block:<12} {v['all']:8.4f}{split}{'  <- most' if block == top else ''}")
+    if at["classes"]:
+        print("  without a class, the midpoint barrier rises by: " + ", ".join(
+            f"{c['class']} {c['rise']:+.4f}" for c in at["classes"]))
+
+
 def _print_classes(rec: dict) -> None:
     """Which symmetry classes the run used and why the others were left out."""
     if "classes" not in rec:
@@ -241,11 +260,12 @@ def cmd_interpolate(args) -> None:
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
     bars = _progress_bar("interpolate")
     try:
-        rec = run_pair(cfg, progress=bars, offload=args.offload)
+        rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=not args.no_attribution)
     finally:
         bars.close()
     _print_path_table(rec)
     _print_classes(rec)
+    _print_attribution(rec)
     if args.out:
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
@@ -267,11 +287,12 @@ def cmd_align(args) -> None:
     bars = _progress_bar(args.method)
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
-                       extrapolate=args.extrapolate, offload=args.offload)
+                       extrapolate=args.extrapolate, offload=args.offload, attribution=not args.no_attribution)
     finally:
         bars.close()
     _print_path_table(rec)
     _print_classes(rec)
+    _print_attribution(rec)
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
           f"endpoint check: loss {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})"
@@ -482,6 +503,9 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=_path, default=None,
                    help="write the result record (JSON) here; checked before the run starts; an existing "
                         "file is replaced only if it is an earlier result record")
+    p.add_argument("--no-attribution", action="store_true",
+                   help="skip attributing the midpoint barrier to layers and classes (about one path's "
+                        "evaluations: 2 per layer part, 1 per class)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -520,7 +544,8 @@ def parser() -> argparse.ArgumentParser:
                    help="learned / dual optimisation steps (0: the method's default)")
     p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
     p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help="learned / dual: also stop after this many seconds of optimisation")
+                   help="learned / dual: seconds of optimisation; alone it ends the run (no step cap) and the "
+                        "step-size schedule follows the clock; with --steps, whichever runs out first")
     p.add_argument("--lambda-sampling", choices=["narrow", "uniform", "fixed"], default=None,
                    help="learned / dual: lambda per step from U(0.4, 0.6) (narrow, the default), U(0, 1), or 0.5")
     p.add_argument("--patience", type=_int_in(1, MAX_STEPS, "validation checks without improvement"), default=None,

@@ -1,8 +1,10 @@
 """Alignment: the group element that moves model B onto model A, shown layer by layer.
 
 For the sidebar's pair and method it opens the cached record (or the Connectivity page's live run of
-the same pair and method) and draws the record's `alignment` field: head and neuron permutations,
-within-head maps, the residual map, matching cost before and after, and the method's own diagnostics.
+the same pair and method) and draws, first, where the barrier lives (the record's `attribution`: each
+block interpolated alone, what each class buys), then the record's `alignment` field: head and neuron
+permutations, within-head maps, the residual map, matching cost before and after, and the method's own
+diagnostics.
 Everything drawn is already in the record; the engine is not run here.
 """
 
@@ -128,6 +130,30 @@ def summary(rec: dict) -> None:
                             f"R^{len(res['matrix'])} sits near {(2 * len(res['matrix'])) ** 0.5:.1f}.")
     else:
         cols[3].metric("Residual map", res.get("kind", "none"))
+
+
+def barrier_attribution(rec: dict, names: dict[str, str], custom: bool) -> None:
+    """Where the barrier lives: each block interpolated alone, and what each class buys (the record's
+    `attribution`, engine/attribution.py); drawn above the tabs, so the worst layer is seen first."""
+    st.markdown("#### Where the barrier lives")
+    missing = alignment_figs.attribution_missing(rec, custom)
+    if missing:
+        st.info(missing)
+        return
+    st.markdown(alignment_figs.attribution_sentence(rec))
+    method = names.get(rec["method"], rec["method"])
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        charts.show(alignment_figs.attribution_figure(rec, method), key="attribution_blocks")
+        st.caption(alignment_figs.attribution_caption(rec))
+    with right:
+        fig = alignment_figs.class_rise_figure(rec, method)
+        if fig is None:
+            st.caption(alignment_figs.class_rise_note(rec))
+        else:
+            charts.show(fig, key="attribution_classes")
+            st.caption("A bar: how much the midpoint barrier rises when the class is taken out of the aligned "
+                       "element, B keeping its own coordinates for it; at or below zero (grey) it buys nothing here.")
 
 
 def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> None:
@@ -306,6 +332,7 @@ elif rec is not None and not rec.get("alignment"):
 elif rec is not None:
     colour = style.method_colour(rec["method"])
     summary(rec)
+    barrier_attribution(rec, names, sel.custom)
     classes_table(rec)
     element = rec["alignment"]["element"]
     if rec["alignment"].get("element_a"):
@@ -337,4 +364,4 @@ elif rec is not None:
             ablation(sel, style.loss_unit(rec))
     with st.expander("Export", icon=":material/download:"):
         downloads.record_downloads(rec, key="align_export")
-        charts.download_button(key="align_figures", label="Every figure in this tab (HTML)")
+        charts.download_button(key="align_figures", label="Every figure shown (HTML)")

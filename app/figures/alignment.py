@@ -8,11 +8,22 @@ matrix has model A's index on the rows and model B's on the columns: the engine'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from pathlib import PurePath
 
 import plotly.graph_objects as go
 
-from app.figures.style import BEFORE_COLOUR, CELL_BASE, METHOD_COLOURS, group_colour, method_colour, ramp
+from app.figures.style import (
+    BEFORE_COLOUR,
+    CELL_BASE,
+    CLASS_LABELS,
+    METHOD_COLOURS,
+    group_colour,
+    loss_unit,
+    method_colour,
+    ramp,
+)
 
 
 def permutation_matrix(perm: Sequence[int]) -> list[list[int]]:
@@ -441,6 +452,194 @@ def correlation_figure(corr: Sequence[float], method: str = "activation") -> go.
     ))
     fig.update_layout(yaxis={"title": {"text": "Mean correlation of matched neurons"}, "range": [0, 1.1]},
                       margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=300, showlegend=False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the barrier lives: the record's `attribution` (engine/attribution.py; docs/MATH.md section 5).
+# A block's excess is the loss it adds over the endpoints when it alone is interpolated to λ = 0.5; a class's
+# rise is how much the midpoint barrier grows when that class is taken out of the aligned element.
+
+PARTS = ("all", "attention", "mlp")
+PART_NAMES = {"all": "whole block", "attention": "its attention alone", "mlp": "its MLP alone"}
+PART_SHORT = {"attention": "attention", "mlp": "MLP"}
+PART_OFFSET, PART_WIDTH = 0.29, 0.27  # a layer's three bars side by side around its tick
+PART_STYLE = {"all": {}, "attention": {"opacity": 0.6, "pattern": {"shape": "/"}},
+              "mlp": {"opacity": 0.6, "pattern": {"shape": "."}}}  # told apart without colour too
+CLASS_ORDER = ("heads", "mlp", "mlp_scale", "qk", "vo", "residual")
+
+
+def attribution_of(rec: dict) -> dict | None:
+    """The record's attribution, or None for records written before the engine measured it."""
+    att = rec.get("attribution")
+    return att if att and att.get("blocks") else None
+
+
+def attribution_missing(rec: dict, custom: bool = False) -> str | None:
+    """The info line for a record without an attribution (None when it has one): how to get it. `custom`: the
+    pair is two model directories, which only ever run live (the store holds zoo pairs)."""
+    if attribution_of(rec):
+        return None
+    cmd = ("" if custom else
+           f" (or `python -m engine cache build --only {rec['model_a']} --methods {rec['method']} --force`)")
+    return ("This record predates the barrier attribution (which layer and which symmetry class hold the barrier). "
+            f"Rerun the pair to get it: press **Run** on the Connectivity page{cmd}.")
+
+
+def attribution_blocks(att: dict) -> list[tuple[str, dict[str, dict]]]:
+    """(block, {part: row}) in the engine's path order: embedding, layer 0, ..., head."""
+    groups: dict[str, dict[str, dict]] = {}
+    for row in att["blocks"]:
+        groups.setdefault(row["block"], {})[row["part"]] = row
+    return list(groups.items())
+
+
+def pair_label(rec: dict) -> str:
+    return f"{PurePath(rec['model_a']).name or rec['model_a']} / {PurePath(rec['model_b']).name or rec['model_b']}"
+
+
+def class_label(c: str, used: Sequence[str] = ()) -> str:
+    """A class in the reader's words; 'residual' (the engine's one residual class) is whichever map the run used."""
+    if c == "residual":
+        return CLASS_LABELS["residual_perm" if "residual_perm" in used else "residual_orth"]
+    return CLASS_LABELS.get(c, c)
+
+
+def decimals(*values: float) -> int:
+    """Decimals that give the largest of `values` two significant digits (at least 2, at most 6)."""
+    top = max((abs(v) for v in values if math.isfinite(v)), default=0.0)
+    return 2 if top == 0 else min(6, max(2, 1 - math.floor(math.log10(top))))
+
+
+def _num(v: float, d: int) -> str:
+    s = f"{v:.{d}f}"
+    return s[1:] if s.startswith("-") and float(s) == 0 else s  # no "-0.00"
+
+
+def _block_title(block: str) -> str:
+    return block[0].upper() + block[1:] if block.startswith("layer") else f"The {block}"
+
+
+def attribution_sentence(rec: dict) -> str:
+    """One sentence: the block that holds the most of the midpoint barrier alone, its parts, and the class
+    whose removal would raise the barrier most."""
+    att = attribution_of(rec)
+    mb = att["midpoint_barrier"]
+    block, parts = max(((b, p) for b, p in attribution_blocks(att) if "all" in p), key=lambda g: g[1]["all"]["excess"])
+    top = parts["all"]["excess"]
+    inner = sorted(((p, parts[p]["excess"]) for p in PART_SHORT if p in parts), key=lambda x: -x[1])
+    best = max(att.get("classes") or [], key=lambda c: c["rise"], default=None)
+    d = decimals(top, mb, *(v for _, v in inner), *([best["rise"]] if best else []))
+    text = (f"{_block_title(block)} holds the most: {_num(top, d)} of the {_num(mb, d)} {loss_unit(rec)} midpoint "
+            "barrier when interpolated alone")
+    if inner:
+        text += " (" + ", ".join(f"its {PART_SHORT[p]} {_num(v, d)}" for p, v in inner) + ")"
+    if best is not None and best["rise"] > 0:
+        used = (rec.get("alignment") or {}).get("classes") or ()
+        text += f"; without the {class_label(best['class'], used)} the barrier would rise by {_num(best['rise'], d)}"
+    elif best is not None:
+        text += "; taking out any one class would not raise it"
+    return text + "."
+
+
+def attribution_caption(rec: dict) -> str:
+    """What a bar is, and how far the whole blocks' sum is from the barrier (their interaction)."""
+    att = attribution_of(rec)
+    mb, total = att["midpoint_barrier"], att.get("sum_of_layers", float("nan"))
+    d = decimals(mb, total)
+    return (f"A bar: what the block adds to an endpoint's loss when it alone is interpolated to λ = {att['lambda']:g}, "
+            f"the rest of the model left at the endpoint (mean over A and B, {loss_unit(rec)}). The whole blocks sum to "
+            f"{_num(total, d)} against the {_num(mb, d)} midpoint barrier: the difference is how the blocks interact.")
+
+
+def attribution_figure(rec: dict, method_name: str = "") -> go.Figure:
+    """Per-block excess in path order: a whole bar per block, a layer's attention and MLP beside it, and the
+    midpoint barrier as a dashed line across."""
+    att, unit = attribution_of(rec), loss_unit(rec)
+    groups = attribution_blocks(att)
+    mb, colour = att["midpoint_barrier"], method_colour(rec["method"])
+    values = [r["excess"] for _, parts in groups for r in parts.values()]
+    d = decimals(mb, *values)
+    n_bars = len(values)
+    fig = go.Figure()
+    for part in PARTS:
+        x, y, hover = [], [], []
+        for k, (block, parts) in enumerate(groups):
+            if part not in parts:
+                continue
+            r = parts[part]
+            x.append(k + (0.0 if len(parts) == 1 else (PARTS.index(part) - 1) * PART_OFFSET))
+            y.append(r["excess"])
+            hover.append([block if part == "all" else f"{block}, {PART_NAMES[part]}", r["excess_a"], r["excess_b"]])
+        if not x:
+            continue
+        style = PART_STYLE[part]
+        fig.add_trace(go.Bar(
+            x=x, y=y, width=PART_WIDTH, name=PART_NAMES[part], customdata=hover, cliponaxis=False,
+            marker={"color": colour, "opacity": style.get("opacity", 1.0), "line": {"color": colour, "width": 1},
+                    **({"pattern": style["pattern"]} if "pattern" in style else {})},
+            text=[_num(v, d) for v in y] if n_bars <= 24 else None, textposition="outside", textfont={"size": 10},
+            hovertemplate=(f"%{{customdata[0]}}: %{{y:.4f}} {unit}<br>from A %{{customdata[1]:.4f}}, "
+                           "from B %{customdata[2]:.4f}<extra></extra>"),
+        ))
+    fig.add_trace(go.Scatter(
+        x=[-0.5, len(groups) - 0.5], y=[mb, mb], mode="lines", name=f"midpoint barrier ({_num(mb, d)})",
+        line={"color": "#333333", "width": 2, "dash": "dash"},
+        hovertemplate=f"midpoint barrier: %{{y:.4f}} {unit}<extra></extra>",
+    ))
+    lo, hi = min(0.0, mb, *values), max(0.0, mb, *values)
+    pad = 0.15 * ((hi - lo) or 1.0)  # room for the values printed outside the bars
+    fig.update_layout(
+        title={"text": "Where the barrier lives: each block alone", "yref": "container", "y": 0.98, "yanchor": "top",
+               "subtitle": {"text": f"{pair_label(rec)}, {method_name or rec['method']}"}},
+        xaxis={"tickvals": list(range(len(groups))), "ticktext": [b for b, _ in groups], "range": [-0.5, len(groups) - 0.5],
+               "title": {"text": "Block interpolated alone, in path order"}, "automargin": True},
+        yaxis={"title": {"text": f"Loss excess ({unit})"}, "range": [lo - (pad if lo < 0 else 0), hi + pad],
+               "zeroline": True, "automargin": True},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+        bargap=0, margin={"l": 10, "r": 10, "t": 110, "b": 10}, height=440,
+    )
+    return fig
+
+
+def class_rise_note(rec: dict) -> str | None:
+    """Why a record has no class rises to draw (None when it has some)."""
+    if (attribution_of(rec) or {}).get("classes"):
+        return None
+    if rec["method"] == "naive":
+        return "No class figure: naive interpolation uses no symmetry class, so there is none to take out."
+    return "No class figure: the run used no symmetry class, so there is none to take out."
+
+
+def class_rise_figure(rec: dict, method_name: str = "") -> go.Figure | None:
+    """Per class the run used, the rise of the midpoint barrier without it (what it buys); None without classes."""
+    att, unit = attribution_of(rec), loss_unit(rec)
+    if not (att and att.get("classes")):
+        return None
+    rank = {c: i for i, c in enumerate(CLASS_ORDER)}
+    rows = sorted(att["classes"], key=lambda c: (rank.get(c["class"], len(rank)), c["class"]))
+    used = (rec.get("alignment") or {}).get("classes") or ()
+    rises = [c["rise"] for c in rows]
+    d = decimals(*rises)
+    colour = method_colour(rec["method"])
+    fig = go.Figure(go.Bar(
+        y=[class_label(c["class"], used) for c in rows], x=rises, orientation="h", cliponaxis=False,
+        marker_color=[colour if v > 0 else BEFORE_COLOUR for v in rises],
+        text=[_num(v, d) for v in rises], textposition="outside", textfont={"size": 10},
+        customdata=[c["midpoint_barrier"] for c in rows],
+        hovertemplate=(f"without %{{y}}: midpoint barrier %{{customdata:.4f}} {unit}, "
+                       "a rise of %{x:.4f}<extra></extra>"),
+    ))
+    lo, hi = min(0.0, *rises), max(0.0, *rises)
+    pad = 0.25 * ((hi - lo) or 1.0)
+    fig.update_layout(
+        title={"text": "What each symmetry class buys", "yref": "container", "y": 0.98, "yanchor": "top",
+               "subtitle": {"text": f"{pair_label(rec)}, {method_name or rec['method']}"}},
+        xaxis={"title": {"text": f"Rise of the barrier without it ({unit})"}, "zeroline": True,
+               "range": [lo - (pad if lo < 0 else 0), hi + (pad if hi > 0 else 0)], "automargin": True},
+        yaxis={"autorange": "reversed", "automargin": True},
+        margin={"l": 10, "r": 10, "t": 80, "b": 10}, height=120 + 36 * len(rows) + 80, showlegend=False,
+    )
     return fig
 
 

@@ -69,6 +69,13 @@ PART_LABELS = {
     "mlp": "MLP scaling", "mlp_scale": "MLP scaling", "residual_orth": "residual rotation",
     "pe_shift": "embedding / PE shift", "ln_reader_gauge": "LayerNorm reader gauge",
 }
+# The symmetry classes (engine/spec.py, KINDS) in the reader's words: PART_LABELS where a class and a part of
+# the group dimension are the same thing; there "mlp" is the continuous MLP scaling, here the neuron permutation.
+CLASS_LABELS = {
+    "heads": "head permutations", "mlp": "MLP neuron permutations", "mlp_scale": PART_LABELS["mlp_scale"],
+    "qk": PART_LABELS["qk"], "vo": PART_LABELS["vo"], "residual_perm": "residual permutation",
+    "residual_orth": PART_LABELS["residual_orth"],
+}
 PE_COLOURS = {"none": "#BAB0AC", "learned": "#4C78A8", "sinusoidal": "#F58518", "rope": "#E45756"}
 PE_NAMES = {"none": "NoPE", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
 REL_CHANGE_AXIS = "Largest relative logit change ‖f(g·θ) − f(θ)‖ / ‖f(θ)‖"

@@ -251,3 +251,99 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
     assert list(bars["y"]) == ["none (naive)", "heads alone", "mlp alone", "all classes"]
     assert list(bars["x"]) == [1.5, 1.2, 0.5, 0.2]
     assert any("austen/test, 256 tokens, 11 points" in c.value for c in at.caption)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the barrier lives: the tiny zoo's cached records (run_pair writes their `attribution`)
+
+
+@pytest.fixture
+def downloads(monkeypatch) -> dict[str, tuple]:
+    """key -> (data, file name) of every download button drawn, deferred data resolved (as in test_exports)."""
+    from streamlit.delta_generator import DeltaGenerator
+
+    got: dict[str, tuple] = {}
+    original = DeltaGenerator.download_button
+
+    def spy(self, label, data, file_name=None, mime=None, key=None, **kw):
+        got[key] = (data() if callable(data) else data, file_name)
+        return original(self, label, data, file_name, mime, key, **kw)
+
+    monkeypatch.setattr(DeltaGenerator, "download_button", spy)
+    return got
+
+
+def tiny_page(method: str, live_runs: dict | None = None) -> AppTest:
+    """The Alignment page on the app's default pair (the tiny zoo's first cached pair)."""
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    if live_runs is not None:
+        at.session_state["live_runs"] = live_runs
+    at.switch_page(PAGE).run()
+    at.selectbox(key="method").select(method).run()
+    assert not at.exception
+    return at
+
+
+def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tiny_env, downloads):
+    _, root = tiny_env
+    rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "weight", root)
+    att = rec["attribution"]
+    at = tiny_page("weight")
+    md = [m.value for m in at.markdown]
+    head = md.index("#### Where the barrier lives")
+    assert head < next(i for i, m in enumerate(md) if m.startswith("**Default classes"))  # above the class table
+    # the sentence names the block whose whole excess is largest, with the record's midpoint barrier
+    wholes = [b for b in att["blocks"] if b["part"] == "all"]
+    top = max(wholes, key=lambda b: b["excess"])
+    sentence = md[head + 1]
+    assert sentence == alignment_figs.attribution_sentence(rec)
+    assert sentence.startswith(top["block"].capitalize() if top["layer"] is not None else f"The {top['block']}")
+    d = alignment_figs.decimals(top["excess"], att["midpoint_barrier"])
+    assert f"{att['midpoint_barrier']:.{d}f} nats/byte midpoint barrier" in sentence
+    # the bars are the record's excesses, block by block in path order, and the line its midpoint barrier
+    fig = chart(at, "attribution_blocks")
+    whole, attention, mlp, line = fig["data"]
+    assert list(whole["y"]) == [b["excess"] for b in wholes]
+    assert list(attention["y"]) == [b["excess"] for b in att["blocks"] if b["part"] == "attention"]
+    assert list(mlp["y"]) == [b["excess"] for b in att["blocks"] if b["part"] == "mlp"]
+    assert list(fig["layout"]["xaxis"]["ticktext"]) == ["embedding", "layer 0", "layer 1", "head"]
+    assert list(line["y"]) == [att["midpoint_barrier"]] * 2
+    # what each class buys, in reading order under the reader's names
+    bars = chart(at, "attribution_classes")["data"][0]
+    rise = {c["class"]: c["rise"] for c in att["classes"]}
+    order = [c for c in alignment_figs.CLASS_ORDER if c in rise]
+    assert list(bars["x"]) == [rise[c] for c in order] and len(order) == len(att["classes"]) > 1
+    assert list(bars["y"]) == [alignment_figs.class_label(c, rec["alignment"]["classes"]) for c in order]
+    assert "residual rotation" in bars["y"]
+    # both join the page's figure export under their titles
+    page_html = downloads["align_figures"][0].decode()
+    assert "<h2>Where the barrier lives: each block alone</h2>" in page_html
+    assert "<h2>What each symmetry class buys</h2>" in page_html
+
+
+def test_naive_draws_the_blocks_and_says_why_there_are_no_classes(tiny_env):
+    _, root = tiny_env
+    rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "naive", root)
+    at = tiny_page("naive")
+    assert list(chart(at, "attribution_blocks")["data"][0]["y"]) == \
+        [b["excess"] for b in rec["attribution"]["blocks"] if b["part"] == "all"]
+    with pytest.raises(KeyError):
+        at.get_by_key("attribution_classes")
+    assert any("naive interpolation uses no symmetry class" in c.value for c in at.caption)
+    assert not any("without the" in m.value for m in at.markdown)
+
+
+def test_a_record_from_before_the_attribution_says_how_to_get_it(tiny_env):
+    _, root = tiny_env
+    pair = tiny_zoo.CACHED_PAIRS[0]
+    old = copy.deepcopy(cached_record(*pair, "weight", root))
+    del old["attribution"]
+    at = tiny_page("weight", live_runs={pair: {"weight": old}})
+    assert at.radio(key="align_source").value == "live"
+    (info,) = at.info
+    assert "predates the barrier attribution" in info.value
+    assert f"cache build --only {pair[0]} --methods weight --force" in info.value
+    for key in ("attribution_blocks", "attribution_classes"):
+        with pytest.raises(KeyError):
+            at.get_by_key(key)
+    assert chart(at, "heads_overview")  # the rest of the page as before

@@ -258,3 +258,125 @@ def test_every_new_figure_serialises():
     ]
     for f in figs:
         json.loads(f.to_json())
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the barrier lives: the record's `attribution` (engine/attribution.py)
+
+
+def block(name, layer, part, a, b):
+    return {"block": name, "layer": layer, "part": part, "excess_a": a, "excess_b": b, "excess": (a + b) / 2}
+
+
+def attributed(method="weight", classes=True, **att):
+    """A two-layer LM record whose layer 0 holds the most (0.88 of a 0.78 barrier; MLP 0.66, attention 0.50)
+    and whose MLP permutations buy the most (1.16)."""
+    blocks = [block("embedding", None, "all", 0.10, 0.06),
+              block("layer 0", 0, "all", 0.90, 0.86), block("layer 0", 0, "attention", 0.52, 0.48),
+              block("layer 0", 0, "mlp", 0.70, 0.62),
+              block("layer 1", 1, "all", 0.32, 0.28), block("layer 1", 1, "attention", 0.05, 0.15),
+              block("layer 1", 1, "mlp", -0.04, 0.0),
+              block("head", None, "all", 0.03, 0.01)]
+    rises = [("vo", 0.05), ("residual", 0.40), ("mlp", 1.16), ("heads", 0.12), ("qk", -0.01)]  # not in reading order
+    return {
+        "method": method, "model_a": "lm-rope-s0", "model_b": "lm-rope-s1",
+        "eval_set": "austen/test, 8,192 tokens (bytes), context 128",
+        "alignment": {"classes": ["heads", "mlp", "qk", "residual_orth", "vo"] if classes else []},
+        "attribution": {"lambda": 0.5, "midpoint_barrier": 0.78, "blocks": blocks,
+                        "sum_of_layers": sum(b["excess"] for b in blocks if b["part"] == "all"),
+                        "classes": [{"class": c, "midpoint_barrier": 0.78 + r, "rise": r} for c, r in rises]
+                        if classes else [],
+                        "eval_set": "austen/test, 8,192 tokens (bytes), context 128", "seconds": 1.0} | att,
+    }
+
+
+def test_attribution_bars_per_block_in_path_order_with_the_midpoint_line():
+    rec = attributed()
+    fig = alignment_figs.attribution_figure(rec, "Weight matching")
+    whole, attention, mlp, line = fig.data
+    assert [t.name for t in (whole, attention, mlp)] == ["whole block", "its attention alone", "its MLP alone"]
+    assert list(whole.y) == pytest.approx([0.08, 0.88, 0.30, 0.02])  # embedding, layer 0, layer 1, head
+    assert list(attention.y) == pytest.approx([0.50, 0.10]) and list(mlp.y) == pytest.approx([0.66, -0.02])
+    # a layer's three bars side by side around its tick; embedding and head alone on theirs
+    d = alignment_figs.PART_OFFSET
+    assert list(whole.x) == pytest.approx([0, 1 - d, 2 - d, 3])
+    assert list(attention.x) == [1, 2] and list(mlp.x) == pytest.approx([1 + d, 2 + d])
+    assert list(fig.layout.xaxis.ticktext) == ["embedding", "layer 0", "layer 1", "head"]
+    assert list(fig.layout.xaxis.tickvals) == [0, 1, 2, 3]
+    assert list(line.y) == [0.78, 0.78] and list(line.x) == [-0.5, 3.5] and line.name == "midpoint barrier (0.78)"
+    assert list(whole.text) == ["0.08", "0.88", "0.30", "0.02"]
+    assert list(whole.customdata[1][1:]) == [0.90, 0.86]  # the hover gives both endpoints' excess
+    assert mlp.customdata[0][0] == "layer 0, its MLP alone"
+    assert whole.marker.color == style.METHOD_COLOURS["weight"] and mlp.marker.pattern.shape
+    assert fig.layout.yaxis.title.text == "Loss excess (nats/byte)"
+    assert fig.layout.yaxis.range[0] < -0.02 and fig.layout.yaxis.range[1] > 0.88  # every bar and its label inside
+    assert fig.layout.title.subtitle.text == "lm-rope-s0 / lm-rope-s1, Weight matching"
+    assert fig.layout.xaxis.automargin and fig.layout.yaxis.automargin
+    json.loads(fig.to_json())
+
+
+def test_class_rise_bars_in_reading_order_with_readable_names():
+    rec = attributed()
+    fig = alignment_figs.class_rise_figure(rec, "Weight matching")
+    (bars,) = fig.data
+    assert list(bars.y) == ["head permutations", "MLP neuron permutations", "Q/K maps", "V/O maps", "residual rotation"]
+    assert list(bars.x) == [0.12, 1.16, -0.01, 0.05, 0.40]
+    assert list(bars.customdata) == pytest.approx([0.90, 1.94, 0.77, 0.83, 1.18])  # the barrier without the class
+    colour = style.METHOD_COLOURS["weight"]
+    assert list(bars.marker.color) == [colour, colour, style.BEFORE_COLOUR, colour, colour]  # qk buys nothing
+    assert fig.layout.xaxis.title.text == "Rise of the barrier without it (nats/byte)"
+    assert fig.layout.yaxis.autorange == "reversed" and fig.layout.title.subtitle.text.endswith("Weight matching")
+    assert not any("_" in label for label in bars.y)  # no code names
+    # a residual permutation run's residual class is named as such
+    perm = attributed()
+    perm["alignment"]["classes"] = ["heads", "mlp", "residual_perm"]
+    assert alignment_figs.class_rise_figure(perm).data[0].y[-1] == "residual permutation"
+    json.loads(fig.to_json())
+
+
+def test_the_sentence_names_the_block_holding_most_and_the_class_buying_most():
+    assert alignment_figs.attribution_sentence(attributed()) == (
+        "Layer 0 holds the most: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone (its MLP 0.66, "
+        "its attention 0.50); without the MLP neuron permutations the barrier would rise by 1.16.")
+    # small numbers keep two significant digits; an outer block has no parts; no class raising it is said so
+    rec = attributed()
+    att = rec["attribution"]
+    att["midpoint_barrier"] = 0.0061
+    att["blocks"][0] = block("embedding", None, "all", 0.0100, 0.0056)
+    for c in att["classes"]:
+        c["rise"] = -abs(c["rise"]) / 1000
+    for b in att["blocks"][1:]:
+        b["excess"] /= 1000
+    vit = rec | {"eval_images": 360, "eval_set": "digits/test, 360 images"}
+    assert alignment_figs.attribution_sentence(vit) == (
+        "The embedding holds the most: 0.0078 of the 0.0061 nats/image midpoint barrier when interpolated alone; "
+        "taking out any one class would not raise it.")
+
+
+def test_naive_records_show_blocks_but_no_class_figure():
+    rec = attributed("naive", classes=False)
+    assert alignment_figs.class_rise_figure(rec) is None
+    assert "naive interpolation uses no symmetry class" in alignment_figs.class_rise_note(rec)
+    assert alignment_figs.class_rise_note(attributed()) is None
+    assert alignment_figs.attribution_sentence(rec) == (
+        "Layer 0 holds the most: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone (its MLP 0.66, "
+        "its attention 0.50).")
+    assert list(alignment_figs.attribution_figure(rec).data[0].y) == pytest.approx([0.08, 0.88, 0.30, 0.02])
+    assert alignment_figs.attribution_figure(rec).data[0].marker.color == style.METHOD_COLOURS["naive"]
+
+
+def test_the_caption_gives_the_blocks_interaction():
+    text = alignment_figs.attribution_caption(attributed())
+    assert "sum to 1.28 against the 0.78 midpoint barrier" in text and "nats/byte" in text and "λ = 0.5" in text
+
+
+def test_a_record_without_attribution_says_how_to_get_it():
+    rec = attributed()
+    del rec["attribution"]
+    note = alignment_figs.attribution_missing(rec)
+    assert "predates the barrier attribution" in note and "**Run** on the Connectivity page" in note
+    assert "`python -m engine cache build --only lm-rope-s0 --methods weight --force`" in note
+    assert "cache build" not in alignment_figs.attribution_missing(rec, custom=True)  # directories only run live
+    assert alignment_figs.attribution_missing(attributed()) is None
+    assert alignment_figs.class_rise_figure(rec) is None
+    assert alignment_figs.attribution_missing(attributed(blocks=[])) is not None  # an empty attribution is none
