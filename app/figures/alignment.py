@@ -480,10 +480,14 @@ def attribution_missing(rec: dict, custom: bool = False) -> str | None:
     pair is two model directories, which only ever run live (the store holds zoo pairs)."""
     if attribution_of(rec):
         return None
+    if (rec.get("config") or {}).get("path", "weights") != "weights":
+        return ("No barrier attribution: it is measured on the weight path, and this record walked the "
+                f"{rec['config']['path']} path.")
     cmd = ("" if custom else
            f" (or `python -m engine cache build --only {rec['model_a']} --methods {rec['method']} --force`)")
-    return ("This record predates the barrier attribution (which layer and which symmetry class hold the barrier). "
-            f"Rerun the pair to get it: press **Run** on the Connectivity page{cmd}.")
+    return ("This record predates the barrier attribution (which layer and which symmetry class hold the barrier), "
+            f"or was run with `--no-attribution`. Rerun the pair to get it: press **Run** on the Connectivity "
+            f"page{cmd}.")
 
 
 def attribution_blocks(att: dict) -> list[tuple[str, dict[str, dict]]]:

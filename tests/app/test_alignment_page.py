@@ -260,6 +260,7 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
 @pytest.fixture
 def downloads(monkeypatch) -> dict[str, tuple]:
     """key -> (data, file name) of every download button drawn, deferred data resolved (as in test_exports)."""
+    import streamlit as st
     from streamlit.delta_generator import DeltaGenerator
 
     got: dict[str, tuple] = {}
@@ -270,6 +271,7 @@ def downloads(monkeypatch) -> dict[str, tuple]:
         return original(self, label, data, file_name, mime, key, **kw)
 
     monkeypatch.setattr(DeltaGenerator, "download_button", spy)
+    monkeypatch.setattr(st, "download_button", lambda *a, **kw: spy(st._main, *a, **kw))
     return got
 
 

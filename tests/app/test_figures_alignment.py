@@ -380,3 +380,5 @@ def test_a_record_without_attribution_says_how_to_get_it():
     assert alignment_figs.attribution_missing(attributed()) is None
     assert alignment_figs.class_rise_figure(rec) is None
     assert alignment_figs.attribution_missing(attributed(blocks=[])) is not None  # an empty attribution is none
+    circuits = rec | {"config": {"path": "circuits"}}
+    assert "this record walked the circuits path" in alignment_figs.attribution_missing(circuits)
