@@ -338,7 +338,6 @@ def rope_scalars_figure(modulus: Sequence[Sequence[float]], angle: Sequence[Sequ
 
 
 def _degrees(rad: float) -> float:
-    import math  # local: this section is appended below the file's own imports
 
     return math.degrees(rad)
 
@@ -645,6 +644,3 @@ def class_rise_figure(rec: dict, method_name: str = "") -> go.Figure | None:
         margin={"l": 10, "r": 10, "t": 80, "b": 10}, height=120 + 36 * len(rows) + 80, showlegend=False,
     )
     return fig
-
-
-# ---- symmetry page
