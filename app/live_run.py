@@ -275,4 +275,5 @@ def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | Non
         return dict.fromkeys(PHASES)
     steps = cfg.steps or api.method_steps(cfg.method)
     return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs,
-                                train_size=api.train_items(arch.task, size))
+                                train_size=api.train_items(arch.task, size),
+                                attribution_size=api.attribution_items(arch.task, size))

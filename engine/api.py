@@ -40,9 +40,10 @@ from engine.zoo import ENTRIES, display_name, pairs, resolve
 # of the engine (tests/app/test_facade.py checks it). Besides this module's functions it uses the
 # names imported above (RunConfig, LMCError, CancelToken, Arch, ENTRIES, pairs, resolve, display_name,
 # cache_dir) and these, re-exported as they are: the exactness tolerance, Cancelled, the train curve's
-# size (train_items), the run history, the phases and time estimates of a run, the memory release,
+# size (train_items) and the attribution's (attribution_items), the run history, the phases and time estimates of a run, the memory release,
 # the zoo manifest. What it computes beyond them is a thin function of this module (method_names,
 # method_steps, eval_size, ...).
+from engine.attribution import items as attribution_items  # noqa: F401
 from engine.checks import EXACT_TOL  # noqa: F401
 from engine.errors import Cancelled  # noqa: F401
 from engine.evaluate import train_items  # noqa: F401
@@ -275,9 +276,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     alignment = alignment_record(al)  # before anything below folds the models in place
     extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out}
     if attribution and cfg.path == "weights":
-        from engine.attribution import attribute
+        from engine.attribution import attribute, subset
 
-        extra["attribution"] = attribute(al, es, path, cancel=cancel, progress=phases.phase("attribution"))
+        extra["attribution"] = attribute(al, subset(es), path, cancel=cancel, progress=phases.phase("attribution"))
         timings["attribution"] = extra["attribution"]["seconds"]
     if offload:
         extra["offload"] = True

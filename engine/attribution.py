@@ -18,9 +18,10 @@ restrict(g, classes - {c}) (B then keeps its own coordinates for c), and the mid
 theta_A and g_c.theta_B is measured; its rise over the full element's midpoint barrier is what that
 class buys. g_c is still in the group, so B's endpoint loss is unchanged and the chord is the run's.
 
-The evaluation set is the run's own (the record's eval_set), so the terms compare with the record's
-midpoint barrier. Cost: 2 evaluations per block (3 blocks per layer, plus embeddings and head) and
-one per class, each the cost of one path point.
+The evaluation set is the first ITEMS scored items of the run's own (`subset`: 16,384 tokens, or
+512 images, at most), named in the attribution's eval_set, whose own midpoint barrier it records
+beside the terms. Cost: the midpoint, 2 evaluations per block (3 blocks per layer, plus embeddings
+and head) and one per class, each on at most ITEMS items.
 """
 
 from __future__ import annotations
@@ -35,10 +36,27 @@ from engine.cancel import CancelToken, check
 from engine.evaluate import EvalSet, evaluate
 from engine.models import Model
 
+ITEMS = {"lm": 16_384, "vit": 512}  # scored items the attribution evaluates at most
 LAYER = re.compile(r"(?:^|\.)(\d+)\.")  # the first integer component of a state-dict key: its layer
 MLP = re.compile(r"mlp|ffn|feed_forward|norm2|ln_2|post_attention_layernorm")  # the MLP half (else attention)
 HEAD = re.compile(r"head|embed_out|norm_f|ln_f|final|fc_norm|^norm\.")  # after the layers
 EMBEDDING = re.compile(r"embed|wte|wpe|pos|cls|patch|tok")  # before the layers: the stream's first writers
+
+
+def items(task: str, eval_size: int) -> int:
+    """Scored items each attribution evaluation holds, for a run evaluated on `eval_size` items."""
+    return min(eval_size, ITEMS[task])
+
+
+def subset(es: EvalSet) -> EvalSet:
+    """The first ITEMS[task] scored items of `es` (whole LM windows, at least one), or `es` itself."""
+    cap = ITEMS[es.task]
+    if es.size <= cap:
+        return es
+    per = es.targets[0].numel()  # scored items per row: a window's tokens, or 1 image
+    n = max(1, cap // per)
+    unit = "tokens" if es.task == "lm" else "images"
+    return EvalSet(es.task, es.inputs[:n], es.targets[:n], f"{es.description}; its first {n * per:,} {unit}")
 
 
 def block_of(key: str) -> tuple[str, int | None, str]:
@@ -128,7 +146,7 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
 
     t0 = time.perf_counter()
     a, b = al.model_a, al.model_b
-    loss_a, loss_b = path["endpoint_loss_a"], path["endpoint_loss_b"]
+    same = path.get("eval_set") == es.description  # the path's own set: its endpoint losses are known
     work = _empty_copy(a, next(a.module.parameters()).device)
     mix = _Mixer(a, b, work)
     everything = set(mix.sw)
@@ -137,7 +155,7 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
     todo = [bl for bl in every if any(not torch.equal(mix.sa[k], mix.sb[k]) for k in bl[3])]
     kinds = sorted(al.classes) if al.method != "naive" else []
     groups = [c for c in kinds if c not in RESIDUAL] + (["residual"] if set(RESIDUAL) & set(kinds) else [])
-    total, done = 2 * len(todo) + 1 + len(groups), 0
+    total, done = 2 * len(todo) + 1 + len(groups) + (0 if same else 2), 0
 
     def measure(model: Model, what: str) -> float:
         nonlocal done
@@ -148,6 +166,10 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
             progress(done, total, what)
         return loss
 
+    if same:
+        loss_a, loss_b = path["endpoint_loss_a"], path["endpoint_loss_b"]
+    else:
+        loss_a, loss_b = measure(mix.set("a", set()), "model A"), measure(mix.set("b", set()), "model B")
     midpoint_barrier = measure(mix.set("a", everything), "the midpoint") - 0.5 * (loss_a + loss_b)
     rows = {}
     for name, layer, part, keys in todo:
@@ -169,6 +191,8 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
             classes.append({"class": c, "midpoint_barrier": mb, "rise": mb - midpoint_barrier})
     return {
         "lambda": 0.5,
+        "endpoint_loss_a": loss_a,
+        "endpoint_loss_b": loss_b,
         "midpoint_barrier": midpoint_barrier,
         "blocks": rows,
         "sum_of_layers": sum(r["excess"] for r in rows if r["part"] == "all"),

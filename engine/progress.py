@@ -118,7 +118,7 @@ def naive_paths(arch) -> int:
 
 
 def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
-                     refs: Iterable[dict], train_size: int = 0) -> dict[str, float | None]:
+                     refs: Iterable[dict], train_size: int = 0, attribution_size: int = 0) -> dict[str, float | None]:
     """About how long each phase of a run will take, from earlier records `refs` (best first).
 
     The first record of the same architecture (`same_arch`) gives the evaluation rate (its path's seconds per
@@ -126,7 +126,8 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
     the alignment time, scaled by the step budget for learned and dual matching. `steps` is the
     run's budget (0 for methods without one); `train_size` the items of its train curve
     (engine.evaluate.train_items; 0 without one), scored at every point of the path like a record's
-    own train items. A phase no record can tell is None.
+    own train items; `attribution_size` the items the barrier attribution scores at each of its
+    evaluations (engine.attribution.items; 0 without one). A phase no record can tell is None.
     """
     out: dict[str, float | None] = dict.fromkeys(PHASES)
     same = [r for r in refs if same_arch(r.get("arch"), arch) and isinstance(r.get("timings"), dict)]
@@ -138,7 +139,7 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
             out["interpolate"] = per_item_point * points * (eval_size * paths + train_size)
             out["measure B"] = 0.0 if method == "naive" else per_item_point * eval_size
             out["load"] = float(t.get("load", 0.0))
-            out["attribution"] = per_item_point * eval_size * attribution_evaluations(method, arch)
+            out["attribution"] = per_item_point * attribution_size * attribution_evaluations(method, arch)
             break
     if method == "naive":
         out["align"] = 0.0
@@ -155,10 +156,10 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
 
 
 def attribution_evaluations(method: str, arch: dict) -> int:
-    """Evaluations the attribution makes at most: the midpoint, two per block (embedding, head, and
-    each layer whole, its attention and its MLP), and one per dropped class (at most six)."""
+    """Evaluations the attribution makes at most: both endpoints and the midpoint, two per block
+    (embedding, head, and each layer whole, its attention and its MLP), one per dropped class (six)."""
     layers = arch.get("n_layers") if isinstance(arch.get("n_layers"), int) else 0
-    return 1 + 2 * (2 + 3 * layers) + (0 if method == "naive" else 6)
+    return 3 + 2 * (2 + 3 * layers) + (0 if method == "naive" else 6)
 
 
 def remaining_seconds(current: Update | None, estimates: dict[str, float | None]) -> float | None:

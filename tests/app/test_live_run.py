@@ -133,7 +133,7 @@ def test_starting_a_run_stops_the_one_going():
 
 def test_phase_rows_and_headline_read_the_snapshot():
     cfg = RunConfig("a", "b", "weight")
-    est = {"load": 1.0, "measure B": 2.0, "align": 30.0, "interpolate": 12.0}
+    est = {"load": 1.0, "measure B": 2.0, "align": 30.0, "interpolate": 12.0, "attribution": 3.0}
     phases = {"load": Update("load", 2, 2, "model B", 0.4, 0.0),
               "measure B": Update("measure B", 1, 1, "batch 1/1", 2.2, 0.0),
               "align": Update("align", 2, 4, "sweep 3: layer 2/4", 1.5, 1.5)}
@@ -143,17 +143,19 @@ def test_phase_rows_and_headline_read_the_snapshot():
         ("measure B", 1.0, "Measuring B before it moves: done in 2 s"),
         ("align", 0.5, "Aligning B onto A: sweep 3: layer 2/4 · about 2 s left in this sweep"),
         ("interpolate", 0.0, "Walking the path: about 12 s"),
+        ("attribution", 0.0, "Finding where the barrier lives: about 3 s"),
     ]
-    assert live_run.headline(snap) == "Running for 4 s, about 40 s left"  # align 30 s, 1.5 s in; path 12 s
+    assert live_run.headline(snap) == "Running for 4 s, about 44 s left"  # align 30 s, 1.5 s in; path 12 s; 3 s
     stopped = live_run.Snapshot(cfg, "stopped", phases, phases["align"], est, 4.6, "The run was stopped …")
     assert live_run.phase_rows(stopped)[2] == ("align", 0.5, "Aligning B onto A: stopped at sweep 3: layer 2/4")
     assert live_run.headline(stopped) == "Stopped after 5 s"
-    assert live_run.before_run(est, "weight") == ("About 45 s (loading the models 1 s, measuring B before it moves "
-                                                  "2 s, aligning B onto A 30 s, walking the path 12 s), at the pace "
-                                                  "of earlier runs of this architecture.")
+    assert live_run.before_run(est, "weight") == ("About 48 s (loading the models 1 s, measuring B before it moves "
+                                                  "2 s, aligning B onto A 30 s, walking the path 12 s, finding where "
+                                                  "the barrier lives 3 s), at the pace of earlier runs of this "
+                                                  "architecture.")
     assert live_run.before_run({**est, "align": None}, "weight") is None
     assert [r[0] for r in live_run.phase_rows(live_run.Snapshot(RunConfig("a", "b"), "running", {}, None, {}, 0))] \
-        == ["load", "align", "interpolate"]  # naive measures nothing before the path
+        == ["load", "align", "interpolate", "attribution"]  # naive measures nothing before the path
 
 
 # ---------------------------------------------------------------------------------------------
