@@ -186,16 +186,19 @@ def test_lambda_sampling_modes():
 # The optimisation: early stopping, the record
 
 
-def test_patience_stops_a_run_that_cannot_improve():
+def test_patience_stops_a_run_that_cannot_improve_once_its_step_size_has_halved():
     pair, kinds = tiny()
     g0 = identity(pair.arch)
     frozen = Settings(lr_perm=0.0, lr_map=0.0, patience=2, eval_every=1)  # nothing moves: no improvement
     res = optimise(AlignContext(pair, kinds, steps=10), g0, dual=False, steps=10, settings=frozen)
-    assert res["stopped"] == "patience" and res["steps_done"] == 2 and res["best_step"] == 0
-    assert res["history"]["step"] == [0, 1, 2] and res["resolves"]["flips_mlp"] == [0, 0]
-    free = Settings(lr_perm=0.0, lr_map=0.0, eval_every=1)  # without patience the run uses its budget
+    # warm-up 1 step, then the cosine falls to half its peak at step 6: checks 6 and 7 count, 7 stops it
+    assert [s for s in range(1, 11) if lr_factor(s, 10, frozen.warmup) <= 0.5][:2] == [6, 7]
+    assert res["stopped"] == "patience" and res["steps_done"] == 7 and res["best_step"] == 0
+    assert res["history"]["step"] == list(range(8)) and res["resolves"]["flips_mlp"] == [0] * 7
+    free = Settings(lr_perm=0.0, lr_map=0.0, eval_every=1, patience=None)  # without patience: the whole budget
     res = optimise(AlignContext(pair, kinds, steps=4), g0, dual=False, steps=4, settings=free)
     assert res["stopped"] == "steps" and res["steps_done"] == 4
+    assert Settings().patience == learned.PATIENCE == 8 and Settings().min_improvement == learned.MIN_IMPROVEMENT
 
 
 def test_the_record_keeps_the_curve_the_settings_and_the_flips():
