@@ -7,10 +7,27 @@ from engine import zoo
 from engine.train import lm_config, vit_config
 
 
-def test_names_say_task_pe_width_and_seed():
+def test_names_say_task_pe_width_tier_and_seed():
     for name, e in zoo.ENTRIES.items():
         width = f"-w{e.width}" if e.width else ""
-        assert name == f"{e.task}-{e.pe}{width}-s{e.seed}"
+        tier = "" if e.tier == "small" else f"-{e.tier}"
+        assert name == f"{e.task}-{e.pe}{width}{tier}-s{e.seed}"
+
+
+def test_the_medium_tier_is_the_reference_shape_on_the_same_recipe_stored_in_bfloat16():
+    import torch
+
+    from engine.train import LM_TRAIN
+
+    medium = [e for e in zoo.ENTRIES.values() if e.tier == "medium"]
+    assert {e.name for e in medium} >= {"lm-learned-medium-s0", "lm-learned-medium-s1"}
+    for e in medium:
+        cfg = e.config()
+        assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.d_mlp, cfg.n_ctx) == \
+            (6, 256, 4, 64, 1024, 128)
+        assert replace(cfg, n_layers=4, d_model=128, d_mlp=512) == lm_config(e.pe)  # all else as the small LM
+        assert e.train_config() == LM_TRAIN and e.store_dtype == torch.bfloat16
+    assert all(e.store_dtype == torch.float32 for e in zoo.ENTRIES.values() if e.tier == "small")
 
 
 def test_a_wide_entry_is_the_same_recipe_at_its_width():
@@ -26,18 +43,23 @@ def test_a_wide_entry_is_the_same_recipe_at_its_width():
 def test_pairs_join_seeds_of_one_architecture_only():
     pairs = zoo.pairs()
     assert ("vit-learned-w128-s0", "vit-learned-w128-s1") in pairs
+    assert ("lm-learned-medium-s0", "lm-learned-medium-s1") in pairs and ("lm-learned-s0", "lm-learned-medium-s1") not in pairs
     for a, b in pairs:
         ea, eb = zoo.ENTRIES[a], zoo.ENTRIES[b]
-        assert (ea.task, ea.pe, ea.width) == (eb.task, eb.pe, eb.width) and ea.seed != eb.seed
+        assert (ea.task, ea.pe, ea.width, ea.tier) == (eb.task, eb.pe, eb.width, eb.tier) and ea.seed != eb.seed
     assert len(pairs) == len(zoo.ENTRIES) // 2
 
 
 def test_the_manifest_gives_each_model_its_width(tmp_path, monkeypatch):
     monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path))
-    for name in ("vit-learned-s0", "vit-learned-w128-s0"):
+    for name in ("vit-learned-s0", "vit-learned-w128-s0", "lm-learned-medium-s0"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "metrics.json").write_text(json.dumps(
-            {"parameters": 1, "test_loss": 0.1, "test_accuracy": 0.97, "steps": 4000}))
+            {"parameters": 1, "test_loss": 0.1, "test_accuracy": 0.97, "steps": 4000}
+            | ({"stored_dtype": "bfloat16"} if "medium" in name else {})))
     rows = {r["name"]: r for r in zoo.write_manifest()}
     assert rows["vit-learned-s0"]["d_model"] == 64 and rows["vit-learned-w128-s0"]["d_model"] == 128
+    assert [rows["lm-learned-medium-s0"][k] for k in ("d_model", "n_layers", "tier", "stored_dtype")] == \
+        [256, 6, "medium", "bfloat16"]
+    assert rows["vit-learned-s0"]["tier"] == "small" and rows["vit-learned-s0"]["stored_dtype"] == "float32"
     assert [r["name"] for r in zoo.manifest()] == list(rows)
