@@ -13,8 +13,8 @@ coordinates. One JSON line per checkpoint on stdout, all of them in --out.
 
 With --time-budgets: for each budget T a SEPARATE run given only T seconds (no step cap: the schedule
 follows the clock, as `align --time-budget T` does), its final element's barrier, the steps it took,
-its process CPU seconds and the seconds of a 1024^3 float32 matmul measured in the same process (so
-budgets compare across machines as ratios). Run it alone: the clock is the budget.
+its process CPU seconds and the seconds of a matmul measured in the same process (so
+budgets compare across machines as ratios; bench_scale's unit, a 2048^3 float32 matmul). Run it alone: the clock is the budget.
 """
 
 from __future__ import annotations
@@ -29,19 +29,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PAIRS = ("lm-learned", "lm-none", "lm-rope", "lm-sinusoidal", "vit-learned", "vit-sinusoidal", "vit-rope",
          "vit-learned-w128", "lm-learned-medium", "lm-rope-medium")
-
-
-def matmul_seconds() -> float:
-    """Seconds of one 1024^3 float32 matmul (best of 5): the same-process reference of a budget."""
-    import torch
-
-    x = torch.randn(1024, 1024)
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
-        x @ x
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, points: int, settings: dict,
@@ -81,6 +68,8 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
     init_s = time.perf_counter() - t
     emit(base | {"method": "weight", "step": 0, "seconds": init_s} | path(g0))
     if time_budgets:
+        from bench_scale import matmul_seconds  # this script's directory is on sys.path when it runs
+
         from engine.results import MAX_STEPS
 
         for method, variant, budget in ((m, v, T) for m in methods for v in variants for T in time_budgets):

@@ -57,12 +57,14 @@ def env(monkeypatch, align_store) -> Path:
     return root
 
 
-def page(method: str, live_runs: dict | None = None) -> AppTest:
+def page(method: str, live_runs: dict | None = None, pair: tuple[str, str] | None = PAIR) -> AppTest:
+    """The Alignment page on `pair` (None: the app's default pair) with `method` picked."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     if live_runs is not None:
         at.session_state["live_runs"] = live_runs
     at.switch_page(PAGE).run()
-    at.selectbox(key="pair").select(f"{PAIR[0]}__{PAIR[1]}").run()
+    if pair is not None:
+        at.selectbox(key="pair").select(f"{pair[0]}__{pair[1]}").run()
     at.selectbox(key="method").select(method).run()
     assert not at.exception
     return at
@@ -275,22 +277,11 @@ def downloads(monkeypatch) -> dict[str, tuple]:
     return got
 
 
-def tiny_page(method: str, live_runs: dict | None = None) -> AppTest:
-    """The Alignment page on the app's default pair (the tiny zoo's first cached pair)."""
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if live_runs is not None:
-        at.session_state["live_runs"] = live_runs
-    at.switch_page(PAGE).run()
-    at.selectbox(key="method").select(method).run()
-    assert not at.exception
-    return at
-
-
 def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tiny_env, downloads):
     _, root = tiny_env
     rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "weight", root)
     att = rec["attribution"]
-    at = tiny_page("weight")
+    at = page("weight", pair=None)
     md = [m.value for m in at.markdown]
     head = md.index("#### Where the barrier lives")
     assert head < next(i for i, m in enumerate(md) if m.startswith("**Default classes"))  # above the class table
@@ -326,7 +317,7 @@ def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tin
 def test_naive_draws_the_blocks_and_says_why_there_are_no_classes(tiny_env):
     _, root = tiny_env
     rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "naive", root)
-    at = tiny_page("naive")
+    at = page("naive", pair=None)
     assert list(chart(at, "attribution_blocks")["data"][0]["y"]) == \
         [b["excess"] for b in rec["attribution"]["blocks"] if b["part"] == "all"]
     with pytest.raises(KeyError):
@@ -340,7 +331,7 @@ def test_a_record_from_before_the_attribution_says_how_to_get_it(tiny_env):
     pair = tiny_zoo.CACHED_PAIRS[0]
     old = copy.deepcopy(cached_record(*pair, "weight", root))
     del old["attribution"]
-    at = tiny_page("weight", live_runs={pair: {"weight": old}})
+    at = page("weight", live_runs={pair: {"weight": old}}, pair=None)
     assert at.radio(key="align_source").value == "live"
     (info,) = at.info
     assert "predates the barrier attribution" in info.value
