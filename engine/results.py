@@ -243,7 +243,26 @@ def record_problem(rec, name: str = "record") -> str | None:
         return f"{name}: a record with accuracy needs a numeric accuracy_drop."
     if not all(math.isfinite(x) for x in lam):
         return f"{name}: lambdas must be finite."
-    return _train_problem(rec, name, len(lam))
+    return _train_problem(rec, name, len(lam)) or _attribution_problem(rec, name)
+
+
+def _attribution_problem(rec: dict, name: str) -> str | None:
+    """Why a record's barrier attribution (optional: engine.attribution) is unusable, or None."""
+    if "attribution" not in rec:
+        return None
+    at = rec["attribution"]
+    if not isinstance(at, dict) or not _number(at.get("midpoint_barrier")):
+        return f"{name}: attribution must be an object with a numeric midpoint_barrier."
+    blocks, classes = at.get("blocks"), at.get("classes")
+    if not isinstance(blocks, list) or not blocks or not all(
+            isinstance(b, dict) and isinstance(b.get("block"), str) and b.get("part") in ("all", "attention", "mlp")
+            and all(_number(b.get(k)) for k in ("excess", "excess_a", "excess_b")) for b in blocks):
+        return f"{name}: attribution.blocks must be a list of blocks, each with a name, a part and numeric excesses."
+    if not isinstance(classes, list) or not all(
+            isinstance(c, dict) and isinstance(c.get("class"), str) and _number(c.get("midpoint_barrier"))
+            and _number(c.get("rise")) for c in classes):
+        return f"{name}: attribution.classes must be a list of classes, each with a numeric midpoint_barrier and rise."
+    return None
 
 
 def _train_problem(rec: dict, name: str, n: int) -> str | None:

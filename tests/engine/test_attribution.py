@@ -106,3 +106,22 @@ def test_blocks_come_in_path_order():
     assert [(n, p) for n, _, p, _ in blocks(keys)] == [
         ("embedding", "all"), ("layer 2", "all"), ("layer 2", "attention"), ("layer 10", "all"),
         ("layer 10", "mlp"), ("head", "all")]
+
+
+def test_a_record_s_attribution_is_checked_before_use(planted):
+    from engine.results import record_problem
+
+    rec = run_pair(RunConfig(*planted, "weight", classes=("mlp",), points=3, eval_items=EVAL_TOKENS), train_curve=False)
+    assert record_problem(rec) is None
+    at = rec["attribution"]
+    for bad, says in [
+        ("oops", "attribution must be an object"),
+        (at | {"midpoint_barrier": "0.1"}, "numeric midpoint_barrier"),
+        (at | {"blocks": []}, "attribution.blocks"),
+        (at | {"blocks": [at["blocks"][0] | {"part": "ffn"}]}, "attribution.blocks"),
+        (at | {"blocks": [at["blocks"][0] | {"excess": None}]}, "attribution.blocks"),
+        (at | {"classes": [{"class": "mlp", "rise": 1.0}]}, "attribution.classes"),
+        (at | {"classes": {"mlp": 1.0}}, "attribution.classes"),
+    ]:
+        assert says in record_problem(rec | {"attribution": bad})
+    assert record_problem({k: v for k, v in rec.items() if k != "attribution"}) is None  # older records: fine
