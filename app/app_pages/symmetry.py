@@ -240,13 +240,6 @@ def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
     charts.show(symmetry_figs.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
 
 
-st.title("Symmetry")
-st.caption("Which weight changes leave a Transformer's function unchanged, checked numerically, and how the "
-           "positional encoding changes that group.")
-with st.expander("Four positional encodings, four symmetry groups", expanded=True):
-    st.markdown(INTRO)
-    st.caption(NOTES)
-
 def exports(out: dict, name: str, key: str) -> None:
     rep = out["report"]
     stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)

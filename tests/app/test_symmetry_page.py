@@ -37,7 +37,8 @@ def test_presets_count_dimensions_from_the_config_alone():
     from app.app_pages.symmetry import PRESETS
 
     at = page("preset")
-    assert at.title[0].value == "Symmetry"
+    assert [t.value for t in at.title] == ["Symmetry"]  # drawn once
+    assert len(at.expander) >= 1 and sum(e.label.startswith("Four positional encodings") for e in at.expander) == 1
     assert at.selectbox(key="sym_preset").value == "GPT-2 small"
     # h (d^2 + d^2) + key-bias h d + value-bias h d = 12 (2 * 64^2 + 2 * 64) (docs/MATH.md section 1)
     assert metrics(at)["Attention per layer"] == "99,840"
