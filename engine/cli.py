@@ -428,12 +428,17 @@ def cmd_symmetry(args) -> None:
 # Argument types: each refusal is one sentence naming the value and what is expected
 
 
+def _ascii_int(s: str) -> int | None:
+    """An integer written with ASCII digits (thousands may be grouped by ',' or '_'), or None: int()
+    alone also reads other scripts' digits ('٣' is 3) and surrounding spaces."""
+    t = s.replace(",", "").replace("_", "")
+    body = t[1:] if t[:1] in "+-" else t
+    return int(t) if body.isascii() and body.isdigit() else None
+
+
 def _int_in(lo: int, hi: int, what: str):
     def parse(s: str) -> int:
-        try:
-            n = int(s.replace(",", "").replace("_", ""))
-        except ValueError:
-            n = None
+        n = _ascii_int(s)
         if n is None or not lo <= n <= hi:
             raise argparse.ArgumentTypeError(f"expected an integer from {lo:,} to {hi:,} ({what}), got {s!r}")
         return n
@@ -444,11 +449,8 @@ def _int_in(lo: int, hi: int, what: str):
 def _items(s: str) -> int | None:
     if s == "all":
         return None
-    try:
-        n = int(s.replace(",", "").replace("_", ""))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {s!r}") from None
-    if n < 1:
+    n = _ascii_int(s)
+    if n is None or n < 1:
         raise argparse.ArgumentTypeError(f"expected a positive number or 'all', got {s!r}")
     return n
 

@@ -238,6 +238,8 @@ CASES: dict[str, Case] = {
     "points-0": (lambda c: [I, c.a, c.b, "--points", "0"], "from 2 to 1,001"),
     "points-negative": (lambda c: [I, c.a, c.b, "--points", "-3"], "--points"),
     "points-huge": (lambda c: [I, c.a, c.b, "--points", "100000"], "from 2 to 1,001"),
+    "points-other-script": (lambda c: [I, c.a, c.b, "--points", "\u0663"], "from 2 to 1,001"),  # Arabic-Indic 3
+    "eval-items-other-script": (lambda c: [I, c.a, c.b, "--eval-items", "\u0663\u0662"], "'all'"),
     "points-word": (lambda c: [I, c.a, c.b, "--points", "many"], "'many'"),
     "points-fraction": (lambda c: [I, c.a, c.b, "--points", "2.5"], "'2.5'"),
     "device-unknown": (lambda c: [I, c.a, c.b, "--device", "gpu"], "invalid choice: 'gpu'"),
