@@ -93,15 +93,17 @@ class _Mixer:
     def __init__(self, a: Model, b: Model, work: Model):
         self.sa = {k: v.detach() for k, v in a.module.state_dict().items()}
         self.sb = {k: v.detach() for k, v in b.module.state_dict().items()}
-        self.sw = work.module.state_dict()
+        self.sw, seen = {}, set()
+        for k, w in work.module.state_dict().items():  # a tied tensor once, under its first name (the embedding)
+            if w.is_floating_point() and w.data_ptr() not in seen:
+                seen.add(w.data_ptr())
+                self.sw[k] = w
         self.work = work
 
     @torch.no_grad()
     def set(self, base: str, mid: set[str]) -> Model:
         src = self.sa if base == "a" else self.sb
         for k, w in self.sw.items():
-            if not w.is_floating_point():
-                continue
             if k in mid:
                 torch.lerp(self.sa[k].to(w.device), self.sb[k].to(w.device), 0.5, out=w)
             else:
@@ -150,8 +152,7 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
     work = _empty_copy(a, next(a.module.parameters()).device)
     mix = _Mixer(a, b, work)
     everything = set(mix.sw)
-    floating = [k for k, v in mix.sw.items() if v.is_floating_point()]
-    every = blocks(floating)
+    every = blocks(list(mix.sw))
     todo = [bl for bl in every if any(not torch.equal(mix.sa[k], mix.sb[k]) for k in bl[3])]
     kinds = sorted(al.classes) if al.method != "naive" else []
     groups = [c for c in kinds if c not in RESIDUAL] + (["residual"] if set(RESIDUAL) & set(kinds) else [])

@@ -125,3 +125,26 @@ def test_a_record_s_attribution_is_checked_before_use(planted):
     ]:
         assert says in record_problem(rec | {"attribution": bad})
     assert record_problem({k: v for k, v in rec.items() if k != "attribution"}) is None  # older records: fine
+
+
+def test_a_tied_embedding_is_one_block_whatever_names_it_has(tmp_path):
+    """HF GPT-2 ties lm_head.weight to transformer.wte.weight: two names, one tensor, one block (the
+    embedding's). Two models that differ in that tensor alone put the whole barrier there."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_layer=2, n_embd=32, n_head=4, n_positions=N_CTX, vocab_size=256, initializer_range=0.2)
+    a = GPT2LMHeadModel(cfg)
+    b = GPT2LMHeadModel(cfg)
+    b.load_state_dict(a.state_dict())
+    with torch.no_grad():
+        b.transformer.wte.weight.add_(0.3 * torch.randn(b.transformer.wte.weight.shape))
+    assert b.lm_head.weight.data_ptr() == b.transformer.wte.weight.data_ptr()
+    for name, m in (("a", a), ("b", b)):
+        m.save_pretrained(tmp_path / name, safe_serialization=True)
+    rec = run_pair(RunConfig(str(tmp_path / "a"), str(tmp_path / "b"), "naive", points=3, eval_items=EVAL_TOKENS,
+                             dtype="float64"), train_curve=False)
+    rows = {(r["block"], r["part"]): r["excess"] for r in rec["attribution"]["blocks"]}
+    assert abs(rec["midpoint_barrier"]) > 1e-3
+    assert rows[("embedding", "all")] == pytest.approx(rec["midpoint_barrier"], rel=1e-9)
+    assert all(v == 0.0 for k, v in rows.items() if k != ("embedding", "all"))
