@@ -90,6 +90,17 @@ def _print_path_table(rec: dict) -> None:
               f"midpoint barrier {rec['midpoint_barrier_folded']:.4f}")
 
 
+def _json_safe(x):
+    """`x` with every non-finite float replaced by None, so that json.dumps(allow_nan=False) accepts it."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
 def _print_attribution(rec: dict) -> None:
     """Where the midpoint barrier lives: each block alone, and what each class buys."""
     at = rec.get("attribution")
@@ -397,8 +408,8 @@ def cmd_runs(args) -> None:
         if len(ids) != 1:
             raise LMCError(f"`runs show` takes one run id, not {len(ids)}.")
         entry = history.load_run(ids[0])
-        if args.json:
-            print(json.dumps(entry, indent=1))
+        if args.json:  # strict JSON: a NaN or infinity (a diverged run's loss) is written as null
+            print(json.dumps(_json_safe(entry), indent=1, allow_nan=False))
             return
         run = entry["run"]
         print(f"run {run['id']}: {run['status']}, created {entry.get('created', '-')}, kept {run.get('saved', '-')}")

@@ -201,6 +201,12 @@ def test_cli_lists_shows_and_deletes(recs, home, capsys):
     assert f"barrier {recs.lm['barrier']:.4f}" in out
     assert main(["runs", "show", a, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == history.load_run(a)
+    nan = history.save_run(recs.lm | {"loss": [recs.lm["loss"][0], float("nan"), *recs.lm["loss"][2:]]})["run"]["id"]
+    assert main(["runs", "show", nan, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert shown["loss"][1] is None and shown["loss"][0] == recs.lm["loss"][0]
+    assert main(["runs", "delete", nan]) == 0
+    capsys.readouterr()
     assert main(["runs", "delete", b, b]) == 0
     assert capsys.readouterr().out == f"deleted run {b} ({home / f'run-{b}.json'})\n"
     assert files(home) == [f"run-{a}.json"]
