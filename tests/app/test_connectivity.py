@@ -107,7 +107,7 @@ def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
     at.select_slider(key="eval_items_lm").set_value(1024).run()
     finish(at.button(key="run").click().run())
     assert not at.exception
-    assert [p.value for p in at.progress] == [100, 100, 100]  # naive: load, align (nothing), path
+    assert [p.value for p in at.progress] == [100, 100, 100, 100]  # naive: load, align (nothing), path, attribution
     assert at.status[0].label.startswith("Done in")
     live = at.session_state["live_runs"][UNCACHED_PAIR]["naive"]
     assert live["eval_tokens"] == 1024 and live["model_a"] == UNCACHED_PAIR[0]
