@@ -1,5 +1,5 @@
 """Where the barrier lives: the midpoint barrier of an aligned pair attributed to layers and to classes
-(docs/MATH.md section 5, "Barrier attribution").
+(docs/MATH.md section 5, its paragraph on barrier attribution).
 
 Blocks. For a set S of parameters (the embeddings, one layer, its attention or its MLP, the final norm
 and head), interpolate S alone and hold everything else at an endpoint:
