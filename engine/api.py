@@ -178,8 +178,7 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
     if cfg.method not in METHODS:
         raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
     data = digits_sha256() if task == "vit" else default_splits().sha256
-    default = METHODS[cfg.method].default_steps
-    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), default) if default else cfg.steps
+    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), METHODS[cfg.method].default_steps)
     return replace(cfg, steps=steps, data_sha256=data,
                    device=resolve_device(cfg.device))
 

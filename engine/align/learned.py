@@ -191,8 +191,9 @@ def run_options(extra: tuple[tuple[str, str], ...]) -> dict:
 
 def step_budget(steps: int, time_budget_s: float | None, default: int) -> int:
     """The step cap of a run: the one asked for; none (MAX_STEPS) when only a time budget is given, so
-    that the time budget ends the run, not the step default; else the method's default."""
-    if steps:
+    that the time budget ends the run, not the step default; else the method's default (0 for a method
+    without steps, whatever the budget)."""
+    if steps or not default:
         return steps
     return MAX_STEPS if time_budget_s is not None else default
 
@@ -800,11 +801,11 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
                      f"step {of}: train loss {loss:.4f}, best validation midpoint loss {best_val:.4f}")
         if step % every == 0 or step == steps or (time_budget_s is not None and p >= next_check):
             next_check = (math.floor(p * EVALS) + 1) / EVALS
-            decaying = f <= 0.5 and p > st.warmup  # patience counts in the second half of the decay only
-            waited = 0 if validate(step, loss) else waited + decaying
             # at the peak step size the validation loss wanders and the gains come as the step size falls
             # (bench/RESULTS.md, "Learned and dual matching: barrier against budget"), so patience counts
             # only once the step size has decayed below half its peak
+            decaying = f <= 0.5 and p > st.warmup
+            waited = 0 if validate(step, loss) else waited + decaying
             if st.patience is not None and waited >= st.patience and step < steps:
                 stopped = "patience"
                 break

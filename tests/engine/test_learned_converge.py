@@ -286,6 +286,7 @@ def test_only_a_time_budget_lifts_the_step_default():
     assert step_budget(0, None, 100) == 100  # nothing asked: the method's default
     assert step_budget(0, 30.0, 100) == MAX_STEPS  # only a time budget: the clock ends the run
     assert step_budget(50, 30.0, 100) == 50  # both: whichever runs out first
+    assert step_budget(0, 30.0, 0) == 0  # a method without steps has none, whatever the budget
 
 
 def test_the_schedule_follows_the_budget_that_runs_out_first():
