@@ -115,24 +115,22 @@ class _Mixer:
 def midpoint_moved(al, work: Model, h) -> None:
     """work <- (theta_A + h.theta_B') / 2 in the pair's coordinates, one parameter at a time (each acted
     on in float64 at least, like engine.align.run.move_in_place): no copy of B is made."""
-    from engine.align.common import storages
-    from engine.models import canonical, set_canonical
+    from engine.align.common import write_params
+    from engine.models import canonical
     from engine.symmetry import act, element_maps
 
     spec, pa = al.pair.spec, al.pair.params_a
     pb = al.pair.params_b if al.in_place else al.moved_params  # theta_B' = g.theta_B
     maps = element_maps(h)
-    views, own, pending = canonical(work, copy=False), storages(work), {}
-    for key, v in views.items():
-        x = pb[key].to(torch.promote_types(pb[key].dtype, torch.float64))
-        moved = act(spec.params[key], maps, x) if key in spec.params else x
-        new = torch.lerp(pa[key].to(moved.dtype), moved, 0.5).to(v.dtype)
-        if v.untyped_storage().data_ptr() in own:
-            v.copy_(new)
-        else:
-            pending[key] = new
-    if pending:
-        set_canonical(work, views | pending)
+    views = canonical(work, copy=False)
+
+    def mixed():
+        for key, v in views.items():
+            x = pb[key].to(torch.promote_types(pb[key].dtype, torch.float64))
+            moved = act(spec.params[key], maps, x) if key in spec.params else x
+            yield key, torch.lerp(pa[key].to(moved.dtype), moved, 0.5).to(v.dtype)
+
+    write_params(work, views, mixed())
 
 
 def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,

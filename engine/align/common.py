@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -212,6 +212,23 @@ def storages(model: Model) -> set[int]:
     """The storages of the model's own tensors: a canonical tensor in one of them is a view the adapter
     handed out (writing into it writes into the model), anything else a reshaped copy."""
     return {t.untyped_storage().data_ptr() for t in model.module.state_dict().values()}
+
+
+@torch.no_grad()
+def write_params(model: Model, views: Params, new: Iterable[tuple[str, Tensor]]) -> bool:
+    """Write each (key, tensor) of `new`, as it comes, into the model's canonical parameter `views[key]`:
+    straight into a view the adapter handed out, or, for a reshaped copy, through the family's
+    from_canonical once at the end. Returns whether that last write was needed (the views are then stale)."""
+    own, pending = storages(model), {}
+    for key, t in new:
+        v = views[key]
+        if v.untyped_storage().data_ptr() in own:
+            v.copy_(t)
+        else:
+            pending[key] = t
+    if pending:
+        set_canonical(model, views | pending)
+    return bool(pending)
 
 
 def _own_views(model: Model, views: Params) -> bool:

@@ -26,8 +26,8 @@ from engine.align.common import (
     matching_view,
     model_for,
     prepare_pair,
-    storages,
     tick,
+    write_params,
 )
 from engine.align.learned import Settings, step_budget
 from engine.align.solvers import single_thread
@@ -36,7 +36,7 @@ from engine.cancel import CancelToken
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import Progress, check_same_architecture
-from engine.models import Model, canonical, set_canonical
+from engine.models import Model, canonical
 from engine.spec import build_spec
 from engine.symmetry import GroupElement, LayerElement, act, apply, element_maps
 
@@ -119,20 +119,17 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
     model, spec, views = pair.model_b, pair.spec, pair.params_b
     with single_thread():
         maps = element_maps(g)  # inverses of d x d maps
-    own, pending = storages(model), {}
     small = sum(v.numel() for v in views.values()) <= SMALL_MODEL
-    for key, ps in spec.params.items():
-        v = views[key]
-        exact = all(maps.get(a.group) is None or "index" in maps[a.group] or a.role in ("perm", "perm_kv")
-                    for acts in ps.axes for a in acts)  # only indexing: exact in any dtype
-        wide = v if exact or not small else v.to(torch.promote_types(v.dtype, torch.float64))
-        new = act(ps, maps, wide).to(v.dtype)
-        if v.untyped_storage().data_ptr() in own:
-            v.copy_(new)
-        else:
-            pending[key] = new
-    if pending:
-        set_canonical(model, views | pending)
+
+    def moved():  # one parameter at a time, so that no more than one moved copy is alive
+        for key, ps in spec.params.items():
+            v = views[key]
+            exact = all(maps.get(a.group) is None or "index" in maps[a.group] or a.role in ("perm", "perm_kv")
+                        for acts in ps.axes for a in acts)  # only indexing: exact in any dtype
+            wide = v if exact or not small else v.to(torch.promote_types(v.dtype, torch.float64))
+            yield key, act(ps, maps, wide).to(v.dtype)
+
+    if write_params(model, views, moved()):
         pair.params_b.update(canonical(model, copy=False))
 
 
