@@ -32,3 +32,20 @@ def tiny_env(monkeypatch, tiny_zoo, tiny_store) -> tuple[Path, Path]:
 def _clear_streamlit_caches():
     st.cache_data.clear()
     yield
+
+
+@pytest.fixture
+def downloads(monkeypatch) -> dict[str, tuple]:
+    """key -> (data, file name, mime, label) of every download button drawn (deferred data resolved)."""
+    from streamlit.delta_generator import DeltaGenerator
+
+    got: dict[str, tuple] = {}
+    original = DeltaGenerator.download_button
+
+    def spy(self, label, data, file_name=None, mime=None, key=None, **kw):
+        got[key] = (data() if callable(data) else data, file_name, mime, label)
+        return original(self, label, data, file_name, mime, key, **kw)
+
+    monkeypatch.setattr(DeltaGenerator, "download_button", spy)
+    monkeypatch.setattr(st, "download_button", lambda *a, **kw: spy(st._main, *a, **kw))
+    return got

@@ -259,24 +259,6 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
 # Where the barrier lives: the tiny zoo's cached records (run_pair writes their `attribution`)
 
 
-@pytest.fixture
-def downloads(monkeypatch) -> dict[str, tuple]:
-    """key -> (data, file name) of every download button drawn, deferred data resolved (as in test_exports)."""
-    import streamlit as st
-    from streamlit.delta_generator import DeltaGenerator
-
-    got: dict[str, tuple] = {}
-    original = DeltaGenerator.download_button
-
-    def spy(self, label, data, file_name=None, mime=None, key=None, **kw):
-        got[key] = (data() if callable(data) else data, file_name)
-        return original(self, label, data, file_name, mime, key, **kw)
-
-    monkeypatch.setattr(DeltaGenerator, "download_button", spy)
-    monkeypatch.setattr(st, "download_button", lambda *a, **kw: spy(st._main, *a, **kw))
-    return got
-
-
 def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tiny_env, downloads):
     _, root = tiny_env
     rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "weight", root)

@@ -13,9 +13,7 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 import pytest
-import streamlit as st
 from plotly.offline import get_plotlyjs
-from streamlit.delta_generator import DeltaGenerator
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS
 
@@ -124,21 +122,6 @@ def test_figures_page_holds_every_figure_and_plotly_once(recs):
 
 # ---------------------------------------------------------------------------------------------
 # The page's download buttons
-
-
-@pytest.fixture
-def downloads(monkeypatch) -> dict[str, tuple]:
-    """key -> (data, file name, mime) of every download button drawn (deferred data resolved)."""
-    got: dict[str, tuple] = {}
-    original = DeltaGenerator.download_button
-
-    def spy(self, label, data, file_name=None, mime=None, key=None, **kw):
-        got[key] = (data() if callable(data) else data, file_name, mime, label)
-        return original(self, label, data, file_name, mime, key, **kw)
-
-    monkeypatch.setattr(DeltaGenerator, "download_button", spy)
-    monkeypatch.setattr(st, "download_button", lambda *a, **kw: spy(st._main, *a, **kw))
-    return got
 
 
 def test_connectivity_page_downloads_are_valid_files(tiny_env, downloads):
