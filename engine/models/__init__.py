@@ -13,7 +13,7 @@ import torch
 from engine.errors import ModelError
 from engine.models import hf_gpt2, hf_llama, hf_neox, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
-from engine.models.io import check_output_dir, read_config
+from engine.models.io import check_closed_world, check_output_dir, read_config
 from engine.models.native import check_hf_config, fresh
 from engine.models.reference import RefConfig
 
@@ -31,6 +31,7 @@ def family_of(path: Path) -> Family:
     path = Path(path)
     if not path.is_dir():
         raise ModelError(f"Model path {path} is not a directory.")
+    check_closed_world(path)
     if (path / "config.json").exists() or (path / "config.json").is_symlink():
         read_config(path)  # names the problem (not JSON, not an object, auto_map, ...) before detection
     for fam in FAMILIES.values():

@@ -219,6 +219,66 @@ HF_RULES: dict = {
 
 
 # ---------------------------------------------------------------------------------------------
+# A model directory is a closed world
+
+INDEX = "model.safetensors.index.json"
+
+
+def _inside(target: str, roots: Iterable[str]) -> bool:
+    return any(target == r or target.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def check_closed_world(path: Path) -> None:
+    """Refuse a model directory that reaches outside itself: a symbolic link in it whose target lies
+    elsewhere, or a shard index naming a file that is not a plain name inside it.
+
+    One exception keeps the Hugging Face cache usable: in a snapshot directory
+    (`models--org--name/snapshots/<revision>`) every file is a link into that repository's own
+    `blobs/`, which is allowed (and nothing else outside the snapshot).
+    """
+    path = Path(path)
+    root = os.path.realpath(path)
+    roots = [root]
+    if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+        roots.append(os.path.realpath(path.parent.parent / "blobs"))
+    for p in sorted(path.iterdir()):
+        if p.is_symlink():
+            target = os.path.realpath(p)
+            if not _inside(target, roots):
+                raise ModelError(f"Model directory {path}: {p.name} is a symbolic link to {target}, outside the "
+                                 "model directory; a model directory must hold its own files.")
+    if os.path.lexists(path / INDEX):
+        index = read_json_object(path / INDEX)
+        weight_map = index.get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelError(f"{path / INDEX} has no weight_map object of tensor names to shard file names.")
+        for shard in sorted(set(weight_map.values())):
+            if shard in ("", ".", "..") or "/" in shard or "\\" in shard or os.path.isabs(shard):
+                raise ModelError(f"{path / INDEX} names shard {_short(shard)}, which is not a file name inside "
+                                 "the model directory.")
+
+
+# Optional features of HF configs that need packages or kernels the engine does not ship.
+ATTENTION_KERNELS = (None, "eager", "sdpa")
+
+
+def refuse_optional_features(cfg: Mapping, source: str) -> None:
+    """Refuse, by name, an HF config that asks for a quantized checkpoint or an attention kernel from a
+    package the engine does not ship, before transformers tries to import it."""
+    q = cfg.get("quantization_config")
+    if q is not None:
+        method = q.get("quant_method") if isinstance(q, Mapping) else None
+        name = f"quantization method {method!r}" if isinstance(method, str) else "a quantization method"
+        raise ModelError(f"{source} asks for {name}; the engine aligns full-precision weights only "
+                         "(float32, float16 or bfloat16 safetensors), so dequantize the checkpoint first.")
+    for key in ("attn_implementation", "_attn_implementation"):
+        kernel = cfg.get(key)
+        if kernel not in ATTENTION_KERNELS:
+            raise ModelError(f"{source}: {key} {_short(kernel)} names an attention kernel the engine does not "
+                             "ship; remove it (the engine runs its own attention).")
+
+
+# ---------------------------------------------------------------------------------------------
 # Reading weights
 
 

@@ -23,6 +23,7 @@ from engine.models.io import (
     check_finite,
     check_float_weights,
     read_config,
+    refuse_optional_features,
     refuse_pickles,
     write_into_dir,
 )
@@ -132,6 +133,7 @@ def check_hf_config(config: dict, source: str) -> None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     check_fields(config, HF_RULES, source)
+    refuse_optional_features(config, source)
     mt = config.get("model_type")
     if mt not in CONFIG_MAPPING:
         return

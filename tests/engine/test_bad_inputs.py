@@ -137,6 +137,33 @@ def _symlinked_config(c: Ctx, target: str) -> str:
     return d
 
 
+def _linked_inside(c: Ctx, text: str) -> str:
+    """config.json a link to a junk file inside the same model directory (allowed, then read)."""
+    d = c.model()
+    Path(d, "junk.bin").write_text(text)
+    return _relink(Path(d), "config.json", "junk.bin")
+
+
+def _relink(d: Path, name: str, target: str) -> str:
+    (d / name).unlink()
+    (d / name).symlink_to(target)
+    return str(d)
+
+
+def _weights_link_outside(c: Ctx) -> str:
+    d = Path(c.model())
+    outside = c.work / "elsewhere.safetensors"
+    shutil.copy(d / "model.safetensors", outside)
+    return _relink(d, "model.safetensors", str(outside))
+
+
+def _index_naming(c: Ctx, shard: str) -> str:
+    d = Path(c.model("gpt2"))
+    keys = list(load_file(str(d / "model.safetensors")))
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": dict.fromkeys(keys, shard)}))
+    return str(d)
+
+
 def _int_weights(c: Ctx) -> str:
     d = Path(c.model())
     state = load_file(str(d / "model.safetensors"))
@@ -320,11 +347,23 @@ CASES: dict[str, Case] = {
                            "norm_eps"),
     "config-nan": (lambda c: [I, c.a, _write(c, '{"family": "reference", "norm_eps": NaN}')], "NaN"),
     "config-deep-nesting": (lambda c: [I, c.a, _write(c, "[" * 100_000 + "]" * 100_000)], "nests too deeply"),
-    "config-symlink-to-junk": (lambda c: [I, c.a, _symlinked_config(c, c.file("junk.bin", "\x00\x01garbage"))],
-                               "not valid JSON"),
-    "config-symlink-to-device": (lambda c: [I, c.a, _symlinked_config(c, "/dev/zero")], "not a regular file"),
+    "config-symlink-to-junk": (lambda c: [I, c.a, _linked_inside(c, "\x00\x01garbage")], "not valid JSON"),
+    "config-symlink-outside": (lambda c: [I, c.a, _symlinked_config(c, c.file("junk.bin", "{}"))],
+                               "outside the model directory"),
+    "config-symlink-to-device": (lambda c: [I, c.a, _symlinked_config(c, "/dev/zero")], "outside the model directory"),
     "config-symlink-dangling": (lambda c: [I, c.a, _symlinked_config(c, "/nonexistent/config.json")],
-                                "does not exist"),
+                                "outside the model directory"),
+    "config-symlink-dangling-inside": (lambda c: [I, c.a, _relink(Path(c.model()), "config.json", "gone.json")],
+                                       "does not exist"),
+    "weights-link-outside": (lambda c: [I, c.a, _weights_link_outside(c)], "outside the model directory"),
+    "index-names-parent": (lambda c: [I, str(c.base.gpt2), _index_naming(c, "../../copy-m0/model.safetensors")],
+                           "not a file name inside"),
+    "index-names-absolute": (lambda c: [I, str(c.base.gpt2), _index_naming(c, str(c.base.gpt2 / "model.safetensors"))],
+                             "not a file name inside"),
+    "gpt2-quantized": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem(
+        "quantization_config", {"quant_method": "bitsandbytes", "load_in_4bit": True}))], "'bitsandbytes'"),
+    "gpt2-attention-kernel": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem(
+        "attn_implementation", "flash_attention_2"))], "attention kernel"),
     "config-auto-map": (lambda c: [I, c.a, c.model(edit=_setitem("auto_map", {"AutoModel": "evil.Model"}))],
                         "auto_map"),
     "tokenizer-auto-map": (lambda c: [I, _tokenizer_auto_map(c), str(c.base.gpt2)], "auto_map"),
@@ -343,7 +382,8 @@ CASES: dict[str, Case] = {
         num_heads=0))], "num_heads"),
     "config-empty": (lambda c: [I, c.a, _write(c, "")], "not valid JSON"),
     "config-is-directory": (lambda c: [I, c.a, _config_dir(c)], "is a directory"),
-    "gpt2-weights-link-to-device": (lambda c: [I, str(c.base.gpt2), _weights_to_device(c)], "not a regular file"),
+    "gpt2-weights-link-to-device": (lambda c: [I, str(c.base.gpt2), _weights_to_device(c)],
+                                    "outside the model directory"),
     "out-is-the-merged-dir": (lambda c: [A, c.a, c.b, "--save-merged", "mg", "--out", "mg"], "--save-merged"),
     "out-into-input-via-linked-dir": (lambda c: [I, c.a, c.b, "--out", _linked_parent(c) + "/model.safetensors"],
                                       "input model"),
@@ -453,6 +493,25 @@ def test_out_replaces_an_earlier_record_and_an_empty_file(ctx, capsys):
     first = load_record(ctx.work / "r.json")
     assert main([*argv[:-2], "--points", "3", "--out", str(ctx.work / "r.json")]) == 0, capsys.readouterr().err
     assert len(first["lambdas"]) == 2 and len(load_record(ctx.work / "r.json")["lambdas"]) == 3
+
+
+def test_a_hugging_face_cache_snapshot_loads_through_its_blob_links(base, tmp_path):
+    """models--org--name/snapshots/<rev>/* are links into ../../blobs: the one layout whose links leave the
+    directory, allowed because they stay inside the cached repository."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snap, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    for f in base.gpt2.iterdir():
+        shutil.copy(f, blobs / f"blob-{f.name}")
+        (snap / f.name).symlink_to(Path("../../blobs") / f"blob-{f.name}")
+    m = load_model(snap)
+    ref = load_model(base.gpt2)
+    x = torch.randint(0, 256, (1, 8))
+    assert torch.equal(model_logits(m, x), model_logits(ref, x))
+    (snap / "extra.json").symlink_to(base.gpt2 / "config.json")  # but nothing outside the repository
+    with pytest.raises(ModelError, match="outside the model directory"):
+        load_model(snap)
 
 
 def test_save_merged_keeps_user_files_and_rewrites_only_its_own(ctx, capsys):
