@@ -6,6 +6,10 @@ asks to run Python shipped with the checkpoint: nothing in a model directory is 
 optionally type-checked field by field (`check_fields`), so a string where a size belongs or zero
 heads is one sentence naming the field, never a traceback deep inside a model constructor. Weights
 are safetensors only: pickled checkpoints (.bin, .pt, .pth) are refused, loading them runs code.
+A model directory is a closed world (`check_closed_world`): no link in it leads outside it (a Hugging
+Face cache snapshot's links into its repository's blobs/ excepted) and a shard index names files in
+it by plain name; HF configs asking for quantization or a foreign attention kernel are refused by
+name (`refuse_optional_features`).
 
 Writing. Nothing the tool did not write is deleted or replaced:
 - an output directory is written into, file by file (each atomically), like `save_pretrained`; the
