@@ -183,13 +183,20 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
                    device=resolve_device(cfg.device))
 
 
+MAX_EXTRAPOLATION = 100.0  # |alpha| of an extrapolated save: beyond, the weights are alpha (theta_B - theta_A)
+
+
 def check_alpha(alpha: float, extrapolate: bool = False) -> float:
-    """The position of a saved model on the path: finite, and in [0, 1] unless extrapolating on purpose."""
+    """The position of a saved model on the path: finite, and in [0, 1] unless extrapolating on purpose
+    (then within MAX_EXTRAPOLATION of the segment)."""
     if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
         raise LMCError(f"alpha must be a finite number (0 = model A, 1 = model B), not {alpha!r}.")
     if not extrapolate and not 0 <= alpha <= 1:
         raise LMCError(f"alpha {alpha:g} lies outside [0, 1], beyond the two models on the line; "
                        "pass --extrapolate (extrapolate=True) to save such a model anyway.")
+    if abs(alpha) > MAX_EXTRAPOLATION:
+        raise LMCError(f"alpha {alpha:g} is too far beyond the two models: an extrapolated save takes "
+                       f"|alpha| up to {MAX_EXTRAPOLATION:g}.")
     return float(alpha)
 
 
@@ -283,6 +290,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         extra["offload"] = True
     if save_merged is not None:
         merged = make_path(al.model_a, al.model_b, cfg.path).at(alpha)
+        if not all(bool(torch.isfinite(t).all()) for t in merged.module.state_dict().values() if t.is_floating_point()):
+            raise LMCError(f"The merged model at alpha {alpha:g} has weights that overflow {cfg.dtype}; "
+                           "nothing was saved (choose an alpha nearer the segment).")
         save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
         extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family,
                            "format": merged_format(a, merged, al.pair.rewrite)}

@@ -164,6 +164,15 @@ def _index_naming(c: Ctx, shard: str) -> str:
     return str(d)
 
 
+def _huge_weights(c: Ctx) -> str:
+    """B with one tensor at 1e37: finite, but 100 times it is not a float32."""
+    d = Path(c.model("m1"))
+    state = load_file(str(d / "model.safetensors"))
+    state["embed.tok"] = torch.full_like(state["embed.tok"], 1e37)
+    save_file(state, str(d / "model.safetensors"))
+    return str(d)
+
+
 def _int_weights(c: Ctx) -> str:
     d = Path(c.model())
     state = load_file(str(d / "model.safetensors"))
@@ -282,6 +291,10 @@ CASES: dict[str, Case] = {
     "alpha-inf": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "inf"], "finite number"),
     "alpha-7": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "7"], "--extrapolate"),
     "alpha-negative": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "-0.5"], "outside [0, 1]"),
+    "alpha-1e38-extrapolated": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "1e38", "--extrapolate"],
+                                "too far"),
+    "alpha-overflows-the-weights": (lambda c: [A, c.a, _huge_weights(c), "--points", "2", "--eval-items", "128",
+                                               "--save-merged", "out", "--alpha", "100", "--extrapolate"], "overflow"),
     "alpha-without-save": (lambda c: [A, c.a, c.b, "--alpha", "0.3"], "add --save-merged"),
     "extrapolate-without-save": (lambda c: [A, c.a, c.b, "--extrapolate"], "add --save-merged"),
     "method-unknown": (lambda c: [A, c.a, c.b, "--method", "magic"], "invalid choice: 'magic'"),
