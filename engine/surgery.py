@@ -188,10 +188,10 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
     """
     check_arch(arch)
     a = arch
-    bias = a.attn_bias
-    if not (a.out_bias == bias and a.mlp_bias == bias and a.norm_bias == (bias and a.norm == "layernorm")):
-        raise SpecError("The reference family has all attention, MLP and LayerNorm biases or none; "
-                        f"this {a.family} architecture mixes them.")
+    bias = a.out_bias  # all biases; or, without it, Q/K/V biases alone (qkv_bias)
+    if not (a.mlp_bias == bias and a.norm_bias == (bias and a.norm == "layernorm") and (a.attn_bias or not bias)):
+        raise SpecError("The reference family has attention, MLP and LayerNorm biases all or none, or biases on Q, K "
+                        f"and V alone; this {a.family} architecture mixes them differently.")
     if a.causal != (a.task == "lm"):
         raise SpecError(f"The reference family's {a.task} is {'' if a.task == 'lm' else 'not '}causal, "
                         "unlike this model.")
@@ -199,7 +199,8 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         "task": a.task, "n_layers": a.n_layers, "d_model": a.d_model, "n_heads": a.n_heads,
         "n_kv_heads": a.n_kv_heads, "d_head": a.d_head, "d_mlp": a.d_mlp, "pe": a.pe,
         "rope_layout": a.rope_layout or "interleaved", "rotary_dim": a.rotary_dim, "rope_base": a.rope_base,
-        "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "head_bias": a.head_bias,
+        "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "qkv_bias": a.attn_bias and not bias,
+        "head_bias": a.head_bias,
         "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual,
     }
     if a.task == "lm":

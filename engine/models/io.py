@@ -198,7 +198,7 @@ def check_dataclass_fields(obj, source: str, positive: Iterable[str] = (), nonne
     check_fields({f.name: getattr(obj, f.name) for f in fields(obj)}, rules, source)
 
 
-# Fields of Hugging Face configs (GPT-2, Llama, GPT-NeoX, ...) that the adapters read: checked before
+# Fields of Hugging Face configs (GPT-2, Llama, Qwen2, Mistral, GPT-NeoX, ...) that the adapters read: checked before
 # transformers builds anything, because its constructors take "4" or 0 heads and fail much later.
 HF_RULES: dict = {
     "model_type": "str",
@@ -215,6 +215,7 @@ HF_RULES: dict = {
     "tie_word_embeddings": "bool", "attention_bias": "bool", "mlp_bias": "bool", "scale_attn_weights": "bool",
     "scale_attn_by_inverse_layer_idx": "bool", "add_cross_attention": "bool", "reorder_and_upcast_attn": "bool",
     "use_parallel_residual": "bool", "use_cache": "bool",
+    "sliding_window": "opt_size", "use_sliding_window": "bool", "max_window_layers": "count",
     "activation_function": "str", "hidden_act": "str",
     "rope_parameters": {"rope_type": "str", "rope_theta": "positive", "partial_rotary_factor": "fraction",
                         "factor": "positive"},

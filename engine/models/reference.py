@@ -2,8 +2,8 @@
 
 The controlled instrument for comparing positional encodings: `pe` in {none, learned, sinusoidal,
 rope} (RoPE pairing interleaved or half-split, optionally partial), `norm` in {layernorm, rmsnorm},
-`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases, a sequential or parallel (GPT-NeoX)
-residual. Everything but the chosen options
+`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases (all of them, or on Q, K and V alone as
+in Qwen2), a sequential or parallel (GPT-NeoX) residual. Everything but the chosen options
 is identical across variants. Parameters are stored directly in the canonical head-explicit layout
 (engine/models/base.py), so `to_canonical` is the state dict itself.
 
@@ -46,6 +46,7 @@ class RefConfig:
     norm_eps: float = 1e-5
     mlp: str = "gelu"
     bias: bool = False  # attention and MLP biases (and LayerNorm bias when norm == layernorm)
+    qkv_bias: bool = False  # biases on Q, K and V even without `bias` (Qwen2: none on the output or the MLP)
     head_bias: bool = False
     tied_embeddings: bool = False  # LM only
     image_size: int = 8  # ViT only
@@ -105,7 +106,7 @@ class RefConfig:
             n_out=self.n_out, n_ctx=self.seq_len, pe=self.pe,
             rope_layout=self.rope_layout if self.pe == "rope" else None, rotary_dim=self.rot_dim,
             rope_base=self.rope_base, norm=self.norm, norm_bias=self.bias and self.norm == "layernorm",
-            norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias, out_bias=self.bias,
+            norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias or self.qkv_bias, out_bias=self.bias,
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
             parallel_residual=self.parallel_residual,
@@ -192,10 +193,11 @@ class Attention(nn.Module):
         self.W_K = nn.Parameter(torch.empty(hkv, D, d))
         self.W_V = nn.Parameter(torch.empty(hkv, D, d))
         self.W_O = nn.Parameter(torch.empty(h, d, D))
-        if cfg.bias:
+        if cfg.bias or cfg.qkv_bias:
             self.b_Q = nn.Parameter(torch.zeros(h, d))
             self.b_K = nn.Parameter(torch.zeros(hkv, d))
             self.b_V = nn.Parameter(torch.zeros(hkv, d))
+        if cfg.bias:
             self.b_O = nn.Parameter(torch.zeros(D))
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -204,7 +206,7 @@ class Attention(nn.Module):
         h, hkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
         # one product for q, k and v: the [n, D, d] weights side by side as [D, (h + 2 h_kv) d]
         W = torch.cat([self.W_Q, self.W_K, self.W_V]).permute(1, 0, 2).flatten(1)  # [D, (h+2h_kv)*d]
-        bias = torch.cat([self.b_Q, self.b_K, self.b_V]).flatten() if cfg.bias else None  # [(h+2h_kv)*d]
+        bias = torch.cat([self.b_Q, self.b_K, self.b_V]).flatten() if cfg.bias or cfg.qkv_bias else None  # [(h+2h_kv)*d]
         qkv = F.linear(x, W.T, bias).view(B, T, h + 2 * hkv, d).transpose(1, 2)  # [B, h+2h_kv, T, d]
         q, k, v = qkv.split([h, hkv, hkv], 1)  # [B, h, T, d], [B, h_kv, T, d] x 2
         if rope is not None:

@@ -18,7 +18,19 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError
-from engine.models import FAMILIES, canonical, family_of, hf_gpt2, hf_llama, hf_neox, load_model, reference, timm_vit
+from engine.models import (
+    FAMILIES,
+    canonical,
+    family_of,
+    hf_gpt2,
+    hf_llama,
+    hf_mistral,
+    hf_neox,
+    hf_qwen2,
+    load_model,
+    reference,
+    timm_vit,
+)
 from engine.models.base import Model
 from engine.models.reference import RefConfig
 
@@ -30,6 +42,10 @@ GPT2_CFG = {"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n
 LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
              "eos_token_id": 0, "rope_theta": 500.0, "rms_norm_eps": 1e-5}
+# Qwen2 and Mistral take Llama's keys; Qwen2's sliding layers (from max_window_layers on) with a window as
+# long as the context are full causal attention, and Mistral's default window (4096) exceeds the context
+QWEN2_CFG = {**LLAMA_CFG, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
+MISTRAL_CFG = {**LLAMA_CFG, "head_dim": 12, "tie_word_embeddings": True}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -79,6 +95,19 @@ CASES = {
         seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
         norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=True, tied_embeddings=True)),
+    # Qwen2: biases on Q, K and V only (the reference family's qkv_bias); untied with a sliding layer whose window
+    # is the whole context, and tied as the small Qwen2.5 models
+    "hf_qwen2": Case("hf_qwen2", lambda s: hf_qwen2.build(QWEN2_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="rmsnorm",
+        norm_eps=1e-5, mlp="swiglu", qkv_bias=True)),
+    "hf_qwen2_tied": Case("hf_qwen2", lambda s: hf_qwen2.build(
+        {**LLAMA_CFG, "tie_word_embeddings": True}, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="rmsnorm",
+        norm_eps=1e-5, mlp="swiglu", qkv_bias=True, tied_embeddings=True)),
+    # Mistral: no biases, wider heads than D / h, tied
+    "hf_mistral": Case("hf_mistral", lambda s: hf_mistral.build(MISTRAL_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
+        norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", tied_embeddings=True)),
     # Pythia layout: partial RoPE, parallel residual, untied; and the sequential, tied variant
     "hf_neox": Case("hf_neox", lambda s: hf_neox.build(NEOX_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
@@ -205,22 +234,94 @@ def test_canonical_params_run_in_the_reference_family(name: str):
     assert diff <= {"family", "rope_base"} and ("rope_base" not in diff or model.arch.pe != "rope")
 
 
-def test_stock_hf_llama_is_only_float32_accurate_in_float64():
-    """Why hf_llama swaps in float64-faithful RMSNorm and RoPE (see its module docstring)."""
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding
+@pytest.mark.parametrize("adapter", [hf_llama, hf_qwen2, hf_mistral], ids=lambda a: a.FAMILY)
+def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
+    """Why the Llama-layout adapters swap in float64-faithful RMSNorm and RoPE (engine/models/hf_decoder.py)."""
+    from engine.models.hf_decoder import _hf_classes
 
-    case = CASES["hf_llama"]
+    RMSNorm, Rotary = _hf_classes(adapter.MODEL_TYPE, adapter.LAYOUT.prefix)
+    case = CASES[adapter.FAMILY]
     model = randomise(case.build(0), 3)
     ref = reference.build(case.ref, dtype=F64)
-    reference.from_canonical(ref, hf_llama.to_canonical(model))
+    reference.from_canonical(ref, adapter.to_canonical(model))
     x = inputs(case)
     for m in model.module.modules():
-        if isinstance(m, LlamaRMSNorm):
-            m.__class__ = LlamaRMSNorm
-        elif isinstance(m, LlamaRotaryEmbedding):
-            m.__class__ = LlamaRotaryEmbedding
+        if isinstance(m, RMSNorm):
+            m.__class__ = RMSNorm
+        elif isinstance(m, Rotary):
+            m.__class__ = Rotary
     with torch.no_grad():
-        assert 1e-9 < rel_err(hf_llama.logits(model, x), reference.logits(ref, x)) < 1e-5
+        assert 1e-9 < rel_err(adapter.logits(model, x), reference.logits(ref, x)) < 1e-5
+
+
+@pytest.mark.parametrize(("adapter", "change", "option"), [
+    (hf_qwen2, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "sliding_window=8"),
+    (hf_qwen2, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    (hf_mistral, {"sliding_window": 15}, "sliding_window=15"),
+    (hf_mistral, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+])
+def test_unsupported_configs_are_refused_before_building(adapter, change: dict, option: str):
+    with pytest.raises(ModelError) as e:
+        adapter.build({**LLAMA_CFG, **change})
+    msg = str(e.value)
+    assert option in msg and "\n" not in msg and msg.startswith(f"{adapter.LAYOUT.prefix} config uses"), msg
+
+
+def test_a_sliding_window_as_long_as_the_context_is_full_attention():
+    """Accepted windows: Qwen2 without use_sliding_window, or whose sliding layers start after the last layer;
+    Mistral without a window or with one at least max_position_embeddings long. Each is the same function."""
+    x = inputs(CASES["hf_qwen2"])
+    for adapter, cfgs in ((hf_qwen2, [{"use_sliding_window": False, "sliding_window": 8},
+                                      {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 2},
+                                      {"use_sliding_window": True, "sliding_window": 16, "max_window_layers": 0}]),
+                          (hf_mistral, [{"sliding_window": None}, {"sliding_window": 16}])):
+        full = randomise(adapter.build(LLAMA_CFG, dtype=F64), 1)
+        for cfg in cfgs:
+            model = adapter.build({**LLAMA_CFG, **cfg}, dtype=F64)
+            adapter.from_canonical(model, canonical(full))
+            with torch.no_grad():
+                assert torch.equal(adapter.logits(model, x), adapter.logits(full, x)), cfg
+
+
+def test_qwen2_biases_move_with_their_maps_and_keep_the_function():
+    """b_Q and b_K move with the Q/K map A (RoPE commutant), b_V with the V/O map B, per KV group; a head
+    permutation permutes all three. Checked entry by entry against the maps, and on the logits."""
+    from engine.checks import break_tests, invariance_checks
+    from engine.spec import build_spec
+    from engine.symmetry import apply, sample
+
+    model = randomise(CASES["hf_qwen2_tied"].build(0), 4)
+    a, p = model.arch, canonical(model)
+    assert (a.attn_bias, a.out_bias, a.mlp_bias) == (True, False, False)
+    assert {"blocks.0.attn.b_Q", "blocks.0.attn.b_K", "blocks.0.attn.b_V"} <= set(p) and "blocks.0.attn.b_O" not in p
+    build_spec(a, p)
+    g = sample(a, ["heads", "qk", "vo"], seed=2)
+    moved = apply(a, g, p)
+    rep = a.n_heads // a.n_kv_heads
+    for l, el in enumerate(g.layers):
+        b = f"blocks.{l}.attn"
+        A, B, sigma, tau = el.qk, el.vo, el.head_perm, el.kv_perm  # [h_kv, d, d] x 2, [h], [h_kv]
+        assert not torch.equal(sigma, torch.arange(a.n_heads))
+        for i in range(a.n_heads):  # query head i reads KV group i // rep
+            assert torch.allclose(moved[f"{b}.b_Q"][i], p[f"{b}.b_Q"][sigma[i]] @ A[i // rep], rtol=0, atol=1e-12)
+        for c in range(a.n_kv_heads):
+            assert torch.allclose(moved[f"{b}.b_K"][c], p[f"{b}.b_K"][tau[c]] @ torch.linalg.inv(A[c]).T, rtol=0,
+                                  atol=1e-12)
+            assert torch.allclose(moved[f"{b}.b_V"][c], p[f"{b}.b_V"][tau[c]] @ B[c], rtol=0, atol=1e-12)
+    x = inputs(CASES["hf_qwen2"])
+    with torch.no_grad():
+        y = hf_qwen2.logits(model, x)
+        twin = hf_qwen2.build({**LLAMA_CFG, "tie_word_embeddings": True}, dtype=F64)
+        hf_qwen2.from_canonical(twin, moved)
+        assert rel_err(hf_qwen2.logits(twin, x), y) < 1e-10
+        hf_qwen2.from_canonical(twin, {**moved, **{k: p[k] for k in p if k.endswith("b_K")}})  # b_K left behind
+        assert rel_err(hf_qwen2.logits(twin, x), y) > 1e-3
+    # every kind, residual rotations included (the tied head is untied into a reference twin with qkv_bias)
+    rows = {r["group"]: r for r in invariance_checks(model, k=1, inputs=x)}
+    assert {"heads", "qk", "vo", "mlp", "mlp_scale", "residual_orth"} <= set(rows)
+    assert "value_bias_fold" not in rows  # without b_O nothing absorbs a value-bias shift
+    assert all(r["exact"] and r["max_rel_change"] < 1e-10 for r in rows.values()), rows
+    assert all(r["max_rel_change"] > 1e-3 for r in break_tests(model, inputs=x)), "a break test kept the function"
 
 
 def test_timm_hub_layout_loads(tmp_path: Path):
@@ -247,7 +348,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "hf_neox", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_mistral", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture
@@ -295,7 +396,7 @@ def test_nan_weights_are_refused(saved):
     _raises_naming(path, lambda: FAMILIES[case.family].load(path, dtype=F64), "NaN")
 
 
-@pytest.mark.parametrize("saved", ["hf_gpt2", "hf_llama", "hf_neox"], indirect=True)
+@pytest.mark.parametrize("saved", ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_mistral", "hf_neox"], indirect=True)
 def test_unsupported_model_type_is_refused(saved):
     case, path = saved
     cfg = json.loads((path / "config.json").read_text())
@@ -310,6 +411,13 @@ def test_unsupported_model_type_is_refused(saved):
     ("hf_gpt2", {"activation_function": "gelu_fast"}, "gelu_fast"),
     ("hf_llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
     ("hf_llama", {"hidden_act": "gelu"}, "hidden_act"),
+    ("hf_qwen2", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    ("hf_qwen2", {"use_sliding_window": True, "sliding_window": 8,
+                  "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window=8"),
+    ("hf_qwen2", {"use_sliding_window": False, "layer_types": ["sliding_attention", "full_attention"]},
+     "layer_types"),  # sliding layers without a window: transformers cannot run them
+    ("hf_mistral", {"sliding_window": 8}, "sliding_window=8"),
+    ("hf_mistral", {"hidden_act": "gelu"}, "hidden_act"),
 ], indirect=["saved"])
 def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     _, path = saved
@@ -358,3 +466,44 @@ def test_adapter_views_alias_the_module_and_canonical_copies_do_not(case: Case):
     assert len(shared) >= len(views) - 2  # at most a couple of reshaped copies (e.g. a fused layout)
     assert not any(v.untyped_storage().data_ptr() in storages for v in copies.values())
     assert all(torch.equal(views[k], copies[k]) for k in views)
+
+
+def test_arch_from_config_alone_is_the_loaded_models_arch(case: Case, tmp_path: Path):
+    from engine.models import arch_from_config
+
+    model = case.build(0)
+    FAMILIES[case.family].save(model, tmp_path / "m")
+    assert arch_from_config(json.loads((tmp_path / "m" / "config.json").read_text())) == model.arch
+
+
+# published configs (their config.json as on the hub), read without weights
+QWEN25_05B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896,
+              "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+              "max_position_embeddings": 32768, "max_window_layers": 24, "use_sliding_window": False,
+              "sliding_window": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "hidden_act": "silu",
+              "tie_word_embeddings": True, "vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151643,
+              "torch_dtype": "bfloat16"}
+MISTRAL_7B = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+              "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+              "max_position_embeddings": 32768, "sliding_window": None, "rope_theta": 1000000.0, "rms_norm_eps": 1e-05,
+              "hidden_act": "silu", "tie_word_embeddings": False, "vocab_size": 32768, "bos_token_id": 1,
+              "eos_token_id": 2, "torch_dtype": "bfloat16"}  # v0.3; v0.1 had a 4096-token sliding window
+
+
+def test_published_qwen2_and_mistral_configs_and_their_group_dimensions():
+    from engine.groups import group_dimension
+    from engine.models import arch_from_config
+
+    q = arch_from_config(QWEN25_05B)
+    assert (q.family, q.n_heads, q.n_kv_heads, q.d_head, q.rope_layout, q.rotary_dim) == ("hf_qwen2", 14, 2, 64, "half", 64)
+    assert (q.attn_bias, q.out_bias, q.mlp_bias, q.tied_embeddings) == (True, False, False, True)
+    by = group_dimension(q)["by_kind"]
+    L, hkv, d = 24, 2, 64
+    assert by["qk"] == L * hkv * d and by["vo"] == L * hkv * d * d  # RoPE commutant H(d) per KV group, GL(d)
+    assert by["key_bias"] == 0 and by["value_bias"] == 0  # RoPE rotates every dim; no b_O absorbs a b_V shift
+    m = arch_from_config(MISTRAL_7B)
+    assert (m.family, m.n_kv_heads, m.d_head, m.attn_bias, m.out_bias, m.mlp_bias) == ("hf_mistral", 8, 128, False,
+                                                                                     False, False)
+    with pytest.raises(ModelError, match="sliding_window=4096") as e:
+        arch_from_config({**MISTRAL_7B, "sliding_window": 4096}, "Mistral-7B-v0.1's config.json")
+    assert str(e.value).startswith("Mistral-7B-v0.1's config.json uses sliding_window=4096") and "\n" not in str(e.value)

@@ -129,9 +129,21 @@ def test_gl_solver_improves_on_its_start_for_unrelated_rows():
 # Planted solutions for every family: theta_B = g*(theta_A)
 
 
-def _hf_cases() -> dict:
-    from engine.models import hf_gpt2, hf_llama, timm_vit
+def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
+    """Random Q/K/V biases (HF initialises them to zero), so that matching must carry them along."""
+    g = torch.Generator().manual_seed(seed)
+    p = canonical(m)
+    set_canonical(m, {k: 0.3 * torch.randn(v.shape, generator=g, dtype=F64) if ".attn.b_" in k else v
+                      for k, v in p.items()})
+    return m
 
+
+def _hf_cases() -> dict:
+    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, timm_vit
+
+    llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
+             "eos_token_id": 0, "rope_theta": 500.0}
     return {
         "hf_gpt2": lambda: hf_gpt2.build({"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2,
                                           "n_head": 4, "bos_token_id": 0, "eos_token_id": 0}, seed=0, dtype=F64),
@@ -139,6 +151,8 @@ def _hf_cases() -> dict:
                                             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
                                             "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 0,
                                             "rope_theta": 500.0}, seed=0, dtype=F64),
+        "hf_qwen2": lambda: _with_qkv_biases(hf_qwen2.build(llama, seed=0, dtype=F64)),
+        "hf_mistral": lambda: hf_mistral.build({**llama, "head_dim": 12}, seed=0, dtype=F64),
         "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
                                             "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
                                            seed=0, dtype=F64),
@@ -152,7 +166,7 @@ REF_CASES = {
     "lm-partial-rope-relu": {"pe": "rope", "rotary_dim": 4, "mlp": "relu"},
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_mistral", "timm_vit"]
 
 
 def make_case(name: str) -> Model:
@@ -202,7 +216,7 @@ def test_weight_matching_recovers_a_planted_element(name):
     assert endpoint_check(b, al, es, r["endpoint_loss_b"])["rel_diff"] < 1e-9
 
 
-@pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama"])
+@pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama", "hf_qwen2"])
 def test_activation_matching_recovers_a_planted_element(name):
     a = make_case(name)
     b, g_star, _ = planted(a)

@@ -151,12 +151,15 @@ def test_report_of_a_saved_model_is_json_with_checks_breaks_and_dims(tmp_path):
 
 
 def test_other_families_pass_the_same_checks():
-    from engine.models import hf_gpt2, hf_llama, timm_vit
+    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, timm_vit
 
+    llama = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+             "intermediate_size": 48, "vocab_size": 40, "max_position_embeddings": 16}
     models = [
         hf_gpt2.build({"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 16, "vocab_size": 40}, seed=1),
-        hf_llama.build({"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
-                        "intermediate_size": 48, "vocab_size": 40, "max_position_embeddings": 16}, seed=1),
+        hf_llama.build(llama, seed=1),
+        hf_qwen2.build(llama, seed=1),  # Q/K/V biases, tested nonzero in test_adapters.py
+        hf_mistral.build({**llama, "head_dim": 12}, seed=1),
         timm_vit.build({"img_size": 8, "patch_size": 4, "in_chans": 3, "embed_dim": 32, "depth": 2, "num_heads": 4,
                         "num_classes": 5}, seed=1),
     ]

@@ -74,6 +74,7 @@ LM_VARIANTS = [
     {"pe": "none", "mlp": "silu", "n_kv_heads": 1}, {"pe": "learned", "mlp": "gelu_tanh", "tied_embeddings": True},
     {"pe": "learned", "norm": "layernorm", "bias": True, "tied_embeddings": True, "head_bias": True},
     {"pe": "rope", "mlp": "swiglu", "bias": True, "head_bias": True},
+    {"pe": "rope", "mlp": "swiglu", "n_kv_heads": 2, "rope_layout": "half", "qkv_bias": True},  # Qwen2's biases
 ]
 VIT_VARIANTS = [
     dict(task="vit", pe=pe, **extra) for pe in PE_KINDS

@@ -1,0 +1,45 @@
+"""HF Qwen2 / Qwen2.5 (`transformers.Qwen2ForCausalLM`): the Llama layout with biases on Q, K and V.
+
+The layout, its conversion and the float64-faithful RMSNorm and RoPE are shared with Llama and
+Mistral (engine/models/hf_decoder.py). Qwen2's own: q_proj, k_proj and v_proj always carry biases,
+o_proj and the MLP never (Arch attn_bias without out_bias; the reference family expresses this with
+`qkv_bias`). Under RoPE the query and key biases move with the Q/K map A and the value bias with the
+V/O map B, per KV group, and a head permutation permutes all three (engine/spec.py).
+
+Sliding-window attention (`use_sliding_window`, on the layers from `max_window_layers` on, as
+`layer_types` lists them) masks keys more than `sliding_window` tokens back; a window at least as long
+as the context is full causal attention, a shorter one is refused.
+"""
+
+from __future__ import annotations
+
+from engine.models import native as nat
+from engine.models.hf_decoder import LlamaLayout
+
+
+def _biases(config) -> tuple[bool, bool, bool]:
+    return True, False, False
+
+
+def _window(config, refuse) -> int | None:
+    """The window of the sliding layers (Qwen2Config has set sliding_window to None without use_sliding_window)."""
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    if config.sliding_window is None:
+        refuse("layer_types with sliding_attention layers", "they have no window: use_sliding_window is false "
+               "or sliding_window is null, and transformers cannot run them")
+    return config.sliding_window
+
+
+LAYOUT = LlamaLayout(
+    family="hf_qwen2", model_type="qwen2", prefix="Qwen2", display="Qwen2 (Hugging Face transformers)",
+    reference="Qwen2 Technical Report (2024); RoPE: RoFormer (2021); transformers.Qwen2ForCausalLM",
+    biases=_biases, window=_window,
+)
+FAMILY, MODEL_TYPE, DISPLAY = LAYOUT.family, LAYOUT.model_type, LAYOUT.display
+
+arch, wrap, build, detect, load, save = LAYOUT.arch, LAYOUT.wrap, LAYOUT.build, LAYOUT.detect, LAYOUT.load, LAYOUT.save
+to_canonical, from_canonical = LAYOUT.to_canonical, LAYOUT.from_canonical
+logits = nat.causal_lm_logits
+
+ENTRY = LAYOUT.entry()
