@@ -58,14 +58,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
-FAMILY_LABELS = {"reference": "reference", "hf_gpt2": "GPT-2", "hf_llama": "Llama", "hf_neox": "GPT-NeoX",
-                 "timm_vit": "ViT"}
+FAMILY_LABELS = {"reference": "reference", "hf_gpt2": "GPT-2", "hf_llama": "Llama", "hf_qwen2": "Qwen2",
+                 "hf_mistral": "Mistral", "hf_neox": "GPT-NeoX", "timm_vit": "ViT"}
 TASK_LABELS = {"lm": "LM", "vit": "ViT"}
 PE_NAMES = {"none": "no positional encoding", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
 
 
 def family_label(family: str, task: str) -> str:
-    """'GPT-2 LM', 'Llama LM', 'GPT-NeoX LM', 'ViT', 'reference LM', 'reference ViT'."""
+    """'GPT-2 LM', 'Llama LM', 'Qwen2 LM', 'GPT-NeoX LM', 'ViT', 'reference LM', 'reference ViT'."""
     name = FAMILY_LABELS.get(family, family)
     return name if name == TASK_LABELS.get(task) else f"{name} {TASK_LABELS.get(task, task)}"
 
