@@ -253,10 +253,10 @@ def _run_config(args, method: str, device: str):
 def _learned_extra(args) -> tuple[tuple[str, str], ...]:
     """RunConfig.extra from the learned / dual flags that were given (none given: the config hashes as before)."""
     given = (("time_budget_s", getattr(args, "time_budget", None)), ("lambdas", getattr(args, "lambda_sampling", None)),
-             ("patience", getattr(args, "patience", None)))
+             ("patience", getattr(args, "patience", None)), ("start", getattr(args, "start", None)))
     extra = tuple((k, str(v)) for k, v in given if v is not None)
     if extra and getattr(args, "method", "naive") not in ("learned", "dual"):
-        raise LMCError(f"--time-budget, --lambda-sampling and --patience set learned and dual matching; method "
+        raise LMCError(f"--time-budget, --lambda-sampling, --patience and --start set learned and dual matching; method "
                        f"{getattr(args, 'method', 'naive')} does not use them.")
     return extra
 
@@ -547,6 +547,7 @@ def parser() -> argparse.ArgumentParser:
 
     from engine.align import METHODS
     from engine.align.common import CLASSES
+    from engine.align.learned import LAMBDAS, STARTS
 
     p = sub.add_parser("align", help="align model B onto model A, then measure the loss barrier")
     _add_path_args(p)
@@ -559,10 +560,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="SECONDS",
                    help="learned / dual: seconds of optimisation; alone it ends the run (no step cap) and the "
                         "step-size schedule follows the clock; with --steps, whichever runs out first")
-    p.add_argument("--lambda-sampling", choices=["narrow", "uniform", "fixed"], default=None,
-                   help="learned / dual: lambda per step from U(0.4, 0.6) (narrow, the default), U(0, 1), or 0.5")
+    p.add_argument("--lambda-sampling", choices=list(LAMBDAS), default=None,
+                   help="learned / dual: lambda per step from U(0.4, 0.6) (narrow), U(0, 1) (uniform), 0.5 (fixed), "
+                        "or half U(0, 1) and half near the worst validation lambda (adaptive)")
     p.add_argument("--patience", type=_int_in(1, MAX_STEPS, "validation checks without improvement"), default=None,
                    help="learned / dual: stop after this many validation checks without a better midpoint loss")
+    p.add_argument("--start", choices=list(STARTS), default=None,
+                   help="learned / dual: the element the latents start from, weight matching (the default) or "
+                        "activation matching on one training batch")
     p.add_argument("--save-merged", type=_path, default=None, metavar="DIR",
                    help="save the interpolated model into this directory (new, empty, or written by this tool)")
     p.add_argument("--alpha", type=_finite, default=None,

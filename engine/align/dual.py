@@ -25,8 +25,7 @@ import torch
 from torch import Tensor
 
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
-from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative
-from engine.align.weight import weight_match
+from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative, starting_element
 from engine.progress import relabel
 from engine.results import MAX_STEPS
 from engine.symmetry import GroupElement, apply
@@ -81,8 +80,7 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     """Dual learned matching (registry entry `dual`); returns g_A^{-1} g_B and A's own g_A."""
     t = tick()
     steps = ctx.steps or DEFAULT_STEPS
-    g0, _ = weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=relabel(ctx.progress, "start, weight "
-                         "matching: "), cancel=ctx.cancel)
+    g0 = starting_element(ctx)
     t_init = t()
     # one stretch of progress for both optimisations: the dual steps, then the one-sided comparison's
     unit = steps if steps < MAX_STEPS else 1000  # without a step cap, progress is per mille of the time budget
@@ -99,7 +97,8 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
                        progress=relabel(ctx.progress, "one-sided comparison: ", offset=done, total=2 * done))
         info["one_sided_same_budget"] = {
             "steps": res["steps_done"], "best_val_midpoint_loss": one["best_val_midpoint_loss"],
-            "history": one["history"],
+            "best_val_barrier": one["best_val_barrier"], "history": one["history"],
             "dual_minus_one_sided": res["best_val_midpoint_loss"] - one["best_val_midpoint_loss"],
+            "dual_minus_one_sided_barrier": res["best_val_barrier"] - one["best_val_barrier"],
         }
     return AlignOutput(relative(ctx.pair.arch, g_a, g_b), info, g_a=g_a)

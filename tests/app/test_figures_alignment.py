@@ -162,6 +162,19 @@ def test_history_validation_training_kept_step_and_one_sided():
     assert "λ ~ U(0, 1)" in uniform.data[1].name and "0.4" not in uniform.data[1].name
 
 
+def test_history_plots_the_validation_barrier_when_the_record_has_it():
+    hist = {"step": [0, 5, 10], "train_loss": [None, 2.0, 1.8], "val_midpoint_loss": [3.0, 2.1, 1.9],
+            "val_barrier": [1.2, 0.4, 0.5], "val_worst_lambda": [0.5, 0.3, 0.9]}
+    d = {"history": hist, "best_step": 5, "settings": {"lambdas": "adaptive"}}
+    val, train, kept = alignment_figs.history_figure(d, "learned", "nats/image").data
+    assert list(val.y) == [1.2, 0.4, 0.5] and "barrier" in val.name
+    assert list(kept.x) == [5] and list(kept.y) == [0.4]  # the kept element is the lowest barrier
+    assert train.yaxis == "y2" and "worst validation λ" in train.name  # the loss on its own axis
+    fig = alignment_figs.history_figure(d, "learned", "nats/image")
+    assert fig.layout.yaxis.title.text == "Validation barrier (nats/image)"
+    assert fig.layout.yaxis2.title.text == "Training loss (nats/image)"
+
+
 def test_weight_sweeps_and_activation_correlation():
     sweeps = [{"sweep": 1, "objective": 10.0, "residual_change": 0.3}, {"sweep": 2, "objective": 9.0,
                                                                          "residual_change": 0.0}]

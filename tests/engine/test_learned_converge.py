@@ -176,6 +176,11 @@ def test_lambda_sampling_modes():
         else:  # the band is really covered
             assert min(xs) < lo + 0.05 * (hi - lo) and max(xs) > hi - 0.05 * (hi - lo)
     assert LAMBDAS["narrow"] == (0.4, 0.6) and LAMBDAS["uniform"] == (0.0, 1.0)
+    rng = random.Random(1)  # adaptive: half uniform, half within the band around the worst lam
+    xs = [sample_lambda(rng, "adaptive", worst=0.9) for _ in range(2000)]
+    near = sum(abs(x - 0.9) <= learned.ADAPTIVE_BAND for x in xs) / len(xs)
+    assert 0.5 + 0.5 * 0.2 - 0.05 < near < 0.5 + 0.5 * 0.2 + 0.05  # 0.6: the band's own draws and a fifth of U(0, 1)
+    assert max(xs) <= 1.0 and min(xs) < 0.05
     for bad in ({"lambdas": "wide"}, {"lr_perm": -1.0}, {"warmup": 1.0}, {"patience": 0}, {"candidates": 0},
                 {"eval_every": 2.5}):
         with pytest.raises(LMCError):
@@ -224,6 +229,31 @@ def test_the_record_keeps_the_curve_the_settings_and_the_flips():
     apply(pair.arch, kept, pair.params_b)  # strict membership check
 
 
+def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
+    """Validation measures the path at VAL_LAMBDAS; the kept element is the check with the smallest
+    largest excess over the chord, and the history says where each check's worst point lay."""
+    pair, kinds = tiny()
+    st = Settings(lr_perm=2.0, lambdas="adaptive", eval_every=1, patience=None)
+    res = optimise(AlignContext(pair, kinds, steps=5), identity(pair.arch), dual=False, steps=5, settings=st)
+    hist = res["history"]
+    assert hist["step"] == list(range(6)) and all(lam in learned.VAL_LAMBDAS for lam in hist["val_worst_lambda"])
+    i = min(range(6), key=hist["val_barrier"].__getitem__)
+    assert res["best_step"] == hist["step"][i] and res["best_val_barrier"] == hist["val_barrier"][i]
+    assert res["best_val_midpoint_loss"] == hist["val_midpoint_loss"][i]
+    # the barrier is measured against the chord: recompute it for the kept element
+    xv, yv = learned.val_batch(pair.arch, learned.VAL_ITEMS["lm"])
+    tw = learned.twin(pair.model_a)
+    moved = apply(pair.arch, res["g_b"], pair.params_b)
+
+    def loss(p):
+        return float(task_loss(functional_logits(tw, p, xv), yv))
+
+    ends = loss(pair.params_a), loss(moved)
+    ex = [loss({k: (1 - t) * pair.params_a[k] + t * moved[k] for k in moved}) - ((1 - t) * ends[0] + t * ends[1])
+          for t in learned.VAL_LAMBDAS]
+    assert max(ex) == pytest.approx(res["best_val_barrier"], rel=1e-9, abs=1e-12)
+
+
 def test_dual_reads_its_settings_from_the_context():
     from engine.align.dual import align_dual
 
@@ -246,7 +276,9 @@ def test_run_options_parse_and_refuse():
     assert run_options(()) == {}
     got = run_options((("time_budget_s", "30"), ("lambdas", "uniform"), ("patience", "3")))
     assert got == {"time_budget_s": 30.0, "learned": Settings(lambdas="uniform", patience=3)}
-    for bad in ((("time_budget_s", "-1"),), (("patience", "x"),), (("lambdas", "wide"),), (("speed", "1"),)):
+    assert run_options((("start", "activation"),)) == {"learned": Settings(start="activation")}
+    for bad in ((("time_budget_s", "-1"),), (("patience", "x"),), (("lambdas", "wide"),), (("speed", "1"),),
+                (("start", "naive"),)):
         with pytest.raises(LMCError):
             run_options(bad)
 
@@ -264,15 +296,37 @@ def test_cli_flags_reach_the_record(tmp_path, capsys):
     args = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--points", "3", "--eval-items", "256",
             "--steps", "3", "--out", str(out)]
     assert main(args + ["--method", "learned", "--lambda-sampling", "fixed", "--patience", "2",
-                        "--time-budget", "600"]) == 0
+                        "--time-budget", "600", "--start", "activation"]) == 0
     rec = json.loads(out.read_text())
     d = rec["alignment"]["diagnostics"]
     assert d["settings"]["lambdas"] == "fixed" and d["settings"]["patience"] == 2 and d["time_budget_s"] == 600.0
+    assert d["settings"]["start"] == "activation"
     assert d["curve"]["lambda"] == [0.5] * d["steps_done"]
-    assert dict(map(tuple, rec["config"]["extra"])) == {"time_budget_s": "600.0", "lambdas": "fixed", "patience": "2"}
+    assert dict(map(tuple, rec["config"]["extra"])) == {"time_budget_s": "600.0", "lambdas": "fixed", "patience": "2",
+                                                         "start": "activation"}
     capsys.readouterr()
     assert main(args[:-4] + ["--out", str(out), "--method", "weight", "--patience", "2"]) == 2  # no --steps
     assert "--patience" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("start", ["weight", "activation"])
+def test_the_start_is_that_aligner_s_element(start):
+    from engine.align.activation import ACT_BATCH, activation_match
+    from engine.align.common import train_batches
+    from engine.align.learned import starting_element
+    from engine.align.weight import weight_match
+
+    pair, kinds = tiny()
+    ctx = AlignContext(pair, kinds, seed=3, learned=Settings(start=start))
+    got = starting_element(ctx)
+    if start == "weight":
+        want = weight_match(pair, kinds)[0]
+    else:
+        want = activation_match(pair, kinds, next(train_batches(pair.arch, ACT_BATCH["lm"], 3))[0])[0]
+    for el_got, el_want in zip(got.layers, want.layers):
+        assert torch.equal(el_got.mlp_perm, el_want.mlp_perm) and torch.equal(el_got.head_perm, el_want.head_perm)
+        assert torch.allclose(el_got.qk, el_want.qk, rtol=0, atol=1e-12)
+    assert torch.allclose(got.residual, want.residual, rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
