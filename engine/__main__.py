@@ -1,7 +1,7 @@
 import sys
 
 from engine.cli import main
-from engine.resources import return_freed_memory
+from engine.memory import return_freed_memory
 
 return_freed_memory()
 sys.exit(main())

@@ -50,8 +50,8 @@ from engine.evaluate import train_items  # noqa: F401
 from engine.history import compare as compare_runs  # noqa: F401
 from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401
+from engine.memory import return_freed_memory  # noqa: F401
 from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds  # noqa: F401
-from engine.resources import return_freed_memory  # noqa: F401
 from engine.zoo import manifest as zoo_manifest  # noqa: F401
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -238,7 +238,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     if save_merged is not None:
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
-    from engine.resources import check_run, trim_freed_memory  # memory from the configs: refuse before loading
+    from engine.memory import trim_freed_memory
+    from engine.resources import check_run  # memory from the configs: refuse before loading
     check_run(cfg, offload=offload)
     phases = Phases(progress)
     t0 = time.perf_counter()
@@ -332,7 +333,8 @@ def naive_in_aligned_coordinates(a: Model, b: Model, es, points: int, native: di
     folded_rewrite, loss_folded, barrier_folded, midpoint_barrier_folded (+ accuracy_folded,
     accuracy_drop_folded for ViTs).
     """
-    from engine.align.common import choose_classes, prepare_pair
+    from engine.align.common import prepare_pair
+    from engine.classes import choose_classes
 
     pair = prepare_pair(a, b, choose_classes(a.arch, "weight").classes, in_place=True)
     path = native if not pair.rewrite else interpolate(pair.model_a, pair.model_b, es, points, progress=progress,
@@ -668,7 +670,7 @@ def zoo_stamp(name_or_path: str) -> int:
 
 def class_names() -> tuple[str, ...]:
     """Every symmetry class an aligner can be restricted to."""
-    from engine.align import CLASSES
+    from engine.classes import CLASSES
 
     return tuple(CLASSES)
 

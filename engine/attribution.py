@@ -139,8 +139,8 @@ def attribute(al, es: EvalSet, path: dict, cancel: CancelToken | None = None,
     (engine.interpolate.interpolate's result) was walked on `es`. One work model of the pair's
     architecture is allocated; the endpoints are read, never written. Without a group element (naive)
     only the blocks are attributed."""
-    from engine.align.common import RESIDUAL
     from engine.align.run import restrict
+    from engine.classes import RESIDUAL
     from engine.interpolate import _empty_copy
     from engine.symmetry import compose, invert
 

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from engine.errors import LMCError
 from engine.models import Model, canonical
-from engine.models.base import Params
+from engine.models.base import Params, check_same_architecture
 from engine.models.reference import RefConfig, Transformer, rope_frequencies, rope_pairs
 from engine.results import PATHS
 
@@ -82,8 +82,6 @@ class CircuitPath:
     """
 
     def __init__(self, a: Model, b: Model, device: str | torch.device | None = None):
-        from engine.interpolate import check_same_architecture
-
         check_same_architecture(a, b)
         self.a, self.b = a, b
         self._pa, self._pb = canonical(a, copy=False), canonical(b, copy=False)  # views where the layout allows

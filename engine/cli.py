@@ -546,8 +546,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_interpolate)
 
     from engine.align import METHODS
-    from engine.align.common import CLASSES
     from engine.align.learned import LAMBDAS, STARTS
+    from engine.classes import CLASSES
 
     p = sub.add_parser("align", help="align model B onto model A, then measure the loss barrier")
     _add_path_args(p)

@@ -21,24 +21,11 @@ import torch
 
 from engine.cancel import CancelToken, check
 from engine.circuits import PATHS, CircuitPath
-from engine.errors import ArchitectureMismatch, LMCError
+from engine.errors import LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.models import Model
+from engine.models.base import check_same_architecture
 from engine.progress import Progress
-
-
-def check_same_architecture(a: Model, b: Model) -> None:
-    """Raise with the first difference if `a` and `b` cannot be interpolated."""
-    if a.family != b.family:
-        raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} are of different families: {a.family} vs {b.family}.")
-    diff = a.arch.mismatch(b.arch)
-    if diff is not None:
-        raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} differ in architecture: {diff}.")
-    sa, sb = a.module.state_dict(), b.module.state_dict()
-    for k in sa:
-        if k not in sb or sa[k].shape != sb[k].shape:
-            got = tuple(sb[k].shape) if k in sb else "missing"
-            raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} differ at tensor {k}: {tuple(sa[k].shape)} vs {got}.")
 
 
 def grid(points: int) -> list[float]:

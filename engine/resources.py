@@ -46,14 +46,17 @@ images, whose logits count once per image). Z = L (h^2 + m k + m + 2 h_kv d^2 + 
 latents (k = min(m, learned.CANDIDATES) MLP candidates per neuron) in float64 (every class; r the
 rotary dims). The evaluation set itself (token ids) is left out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
 the CPU, cudaMemGetInfo on CUDA.
+
+Each method's scratch is computed by its registry entry (`engine.align.METHODS[name].scratch`, a
+function beside the aligner: weight.scratch_bytes, ...), and a run's classes by engine.classes: this
+module imports no aligner's internals, and no aligner imports it (the allocator helpers it used to
+hold live in engine.memory).
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,11 +64,9 @@ import torch
 
 from engine.errors import LMCError, ModelError, ResourceError
 from engine.evaluate import item_bytes, items_per_batch, seq_len
+from engine.memory import return_freed_memory, reuse_freed_memory, trim_freed_memory  # noqa: F401 (their old address)
 from engine.models.base import Arch
 
-F64_BYTES = 8
-METHOD_NAMES = {"weight": "weight matching scratch", "activation": "activation matching scratch",
-                "learned": "learned matching scratch", "dual": "dual matching scratch"}
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
 
@@ -148,51 +149,16 @@ def model_shape(path: str | Path) -> Shape:
 # The estimate
 
 
-def _latents(a: Arch) -> int:
-    """Learned-matching latents of one side, every class (see the module docstring: Z); the MLP latent
-    scores CANDIDATES partners per neuron (engine.align.learned)."""
-    from engine.align.learned import CANDIDATES
-
-    m = a.d_mlp
-    per_layer = a.n_heads**2 + m * min(m, CANDIDATES) + m + 2 * a.n_kv_heads * a.d_head**2 + a.n_kv_heads * a.rotary_dim
-    return a.n_layers * per_layer + 2 * a.d_model**2
-
-
-def _positions(a: Arch, items: int) -> tuple[int, int]:
-    """(positions, logit rows) of `items` sequences / images."""
-    T = seq_len(a)
-    return items * T, items * T if a.task == "lm" else items
-
-
 def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
-    """Peak scratch of an aligner beyond the models (bytes); the module docstring gives the arithmetic."""
-    a = shape.arch
-    D, h, d, m, L, V = a.d_model, a.n_heads, a.d_head, a.d_mlp, a.n_layers, a.n_out
-    if method == "naive":
-        return 0
-    from engine.align.weight import SMALL_MODEL
+    """Peak scratch of an aligner beyond the models (bytes): its registry entry's `scratch`
+    (engine.align.METHODS, defined beside the aligner); the module docstring gives the arithmetic."""
+    from engine.align import METHODS
 
-    w = F64_BYTES if shape.params <= SMALL_MODEL else 4
-    weight = (w * (2 * shape.layer_params + 4 * h * (D + 1) * D + m * m + 6 * L * D * D)
-              + 2 * F64_BYTES * (m * m + 2 * D * D) + 2 * w * max(V * D, D * m))
-    if method == "weight":
-        return weight
-    if method == "activation":
-        from engine.align.activation import ACT_BATCH
-
-        n, _ = _positions(a, ACT_BATCH[a.task])
-        T = seq_len(a)
-        return (weight + 2 * n * (3 * L + 1) * D * itemsize + 2 * F64_BYTES * n * (4 * h * d + h * T + 3 * m)
-                + 2 * 2 * (T if a.task == "lm" else 1) * V * itemsize)
-    if method in ("learned", "dual"):
-        from engine.align.common import AlignContext
-
-        sides = 2 if method == "dual" else 1
-        n, rows = _positions(a, AlignContext.__dataclass_fields__["batch"].default)
-        T = seq_len(a)
-        return (weight + sides * 4 * F64_BYTES * _latents(a) + (2 + 2 * sides) * shape.params * itemsize
-                + n * L * (6 * D + 3 * m + h * T) * itemsize + rows * V * (2 * itemsize + 2 * F64_BYTES))
-    raise LMCError(f"Method {method!r} has no memory model; choose one of: naive, {', '.join(METHOD_NAMES)}.")
+    entry = METHODS.get(method)
+    if entry is None or entry.scratch is None:
+        known = ", ".join(k for k, m in METHODS.items() if m.scratch is not None)
+        raise LMCError(f"Method {method!r} has no memory model; choose one of: {known}.")
+    return entry.scratch(shape.arch, shape.params, shape.layer_params, itemsize)
 
 
 def evaluation_bytes(arch: Arch, itemsize: int, eval_items: int | None = None) -> int:
@@ -229,7 +195,7 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     name, b = _itemsize(dtype)
     sa, sb = (model_shape(p) for p in model_dirs)
     parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}
-    from engine.align.common import choose_classes
+    from engine.classes import choose_classes
     from engine.spec import approximate_kinds
 
     # naive runs also walk the path in the default aligned runs' coordinates (engine.api)
@@ -240,7 +206,7 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
         parts["untied heads"] = 2 * sa.arch.n_out * sa.arch.d_model * b
     scratch = method_scratch(sa, method, b)
     if scratch:
-        parts[METHOD_NAMES[method]] = scratch
+        parts[f"{method} matching scratch"] = scratch
     parts["evaluation"] = evaluation_bytes(sa.arch, b, eval_items)
     return Estimate(sum(parts.values()), parts, device, name, sa.params)
 
@@ -331,69 +297,3 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     else:
         check_fits(est, available=available)
     return est
-
-
-@functools.cache
-def _libc():
-    """The C library, looked up once (find_library runs ldconfig), or None."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-
-
-FREED_THRESHOLD = 128 * 1024  # bytes: return_freed_memory's fixed mmap threshold
-REUSE_THRESHOLD = 32 * 1024 * 1024  # ... and reuse_freed_memory's (glibc's largest)
-_threshold_after = REUSE_THRESHOLD  # what reuse_freed_memory restores
-
-
-def _set_mmap_threshold(nbytes: int) -> bool:
-    libc = _libc()
-    try:
-        return bool(libc and libc.mallopt(-3, nbytes))  # M_MMAP_THRESHOLD: fixed, so no dynamic raising
-    except AttributeError:
-        return False
-
-
-def return_freed_memory() -> bool:
-    """Make freed tensor memory go back to the operating system (glibc; a no-op elsewhere).
-
-    glibc serves allocations above a threshold with mmap and returns them on free, but raises that
-    threshold to the largest block freed so far: after one large temporary, later ones come from a
-    heap that is never trimmed, and a streamed run's resident memory ratchets up to its worst moment
-    plus fragmentation. A fixed 128 KiB threshold keeps every large tensor mmapped, so resident
-    memory follows what is alive (measured in bench/RESULTS.md). Called by the CLI and the app.
-    """
-    global _threshold_after
-    _threshold_after = FREED_THRESHOLD
-    return _set_mmap_threshold(FREED_THRESHOLD)
-
-
-@contextmanager
-def reuse_freed_memory() -> Iterator[None]:
-    """Within: blocks up to 32 MiB come from glibc's heap and are reused; after: the heap is trimmed.
-
-    Weight matching frees and reallocates a layer's worth of tensors at every step; as fresh mappings
-    each costs a page fault per 4 KiB (a third of GPT-2-small's weight-matching time). Its heap
-    growth is bounded by one layer's scratch, which trim_freed_memory hands back at the end.
-    """
-    _set_mmap_threshold(REUSE_THRESHOLD)
-    try:
-        yield
-    finally:
-        _set_mmap_threshold(_threshold_after)
-        trim_freed_memory()
-
-
-def trim_freed_memory() -> None:
-    """Give the heap's free pages back to the operating system (glibc's malloc_trim; a no-op elsewhere)."""
-    libc = _libc()
-    try:
-        if libc:
-            libc.malloc_trim(0)
-    except AttributeError:
-        pass

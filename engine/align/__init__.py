@@ -6,9 +6,11 @@
     learned     one-sided straight-through optimisation of the midpoint task loss
     dual        both sides learn toward the shared path
 
-Every method can be restricted to a subset of symmetry classes (common.CLASSES); `run.align`
+Every method can be restricted to a subset of symmetry classes (engine.classes.CLASSES); `run.align`
 prepares the pair, runs a method and checks exactness; `engine.api.run_pair` turns the result into
-a record.
+a record. Each entry also says what a run of it needs before it starts (its scratch memory, its step
+budget), from functions in the aligner's own file, so that engine.resources asks the registry instead
+of reaching into an aligner.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.align import activation, dual, learned, naive, weight
 from engine.align.activation import align_activations
-from engine.align.common import CLASSES, AlignContext, AlignOutput
+from engine.align.common import AlignContext, AlignOutput
 from engine.align.dual import align_dual
 from engine.align.learned import DEFAULT_STEPS, align_learned
 from engine.align.naive import align_naive
 from engine.align.weight import align_weights
+from engine.classes import CLASSES
+from engine.models.base import Arch
 
 
 @dataclass(frozen=True)
@@ -32,18 +37,23 @@ class Method:
     fn: Callable[[AlignContext], AlignOutput]
     uses_data: bool  # reads training data (activation statistics or task-loss gradients)
     default_steps: int = 0  # optimisation budget when a run asks for 0 steps
+    # peak scratch memory beyond the two models, in bytes, from the config alone (engine.resources):
+    # (arch, parameters of one model, parameters of one block, bytes per element of the run's dtype)
+    scratch: Callable[[Arch, int, int, int], int] | None = None
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive, False),
+    Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive, False,
+           scratch=naive.scratch_bytes),
     Method("weight", "Weight matching", "Git Re-Basin (ICLR 2023), extended to heads, "
-           "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights, False),
+           "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights, False,
+           scratch=weight.scratch_bytes),
     Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
-           align_activations, True),
+           align_activations, True, scratch=activation.scratch_bytes),
     Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
-           "estimator", align_learned, True, DEFAULT_STEPS),
+           "estimator", align_learned, True, DEFAULT_STEPS, scratch=learned.scratch_bytes),
     Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
-           align_dual, True, DEFAULT_STEPS),
+           align_dual, True, DEFAULT_STEPS, scratch=dual.scratch_bytes),
 ]}
 
 __all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method"]

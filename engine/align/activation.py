@@ -42,13 +42,27 @@ from engine.align.common import (
 )
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
 from engine.align.weight import circuit_inner, fit_qk
+from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import CancelToken, check
+from engine.evaluate import seq_len
 from engine.models.base import Arch, Params
 from engine.models.reference import mlp_activation, rotate
 from engine.progress import Progress
 from engine.symmetry import GroupElement, LayerElement
 
 ACT_BATCH = {"lm": 16, "vit": 256}  # sequences of up to 128 tokens / images
+
+
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> int:
+    """Peak scratch beyond the two models (bytes), from the config alone (registry entry `activation`; the
+    arithmetic is engine.resources'): weight matching's, plus both models' captured residual streams and
+    normalised block inputs of one batch of N positions, one layer's q, k, v, mixed values, patterns and
+    hidden units (with their centred copies) in float64, and the twin check's logits (two sequences)."""
+    D, h, d, m, L, V = arch.d_model, arch.n_heads, arch.d_head, arch.d_mlp, arch.n_layers, arch.n_out
+    T, f = seq_len(arch), F64.itemsize
+    n = ACT_BATCH[arch.task] * T
+    return (weight_scratch(arch, params, layer_params, itemsize) + 2 * n * (3 * L + 1) * D * itemsize
+            + 2 * f * n * (4 * h * d + h * T + 3 * m) + 2 * 2 * (T if arch.task == "lm" else 1) * V * itemsize)
 
 
 class _Enough(Exception):

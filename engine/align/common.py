@@ -1,4 +1,4 @@
-"""What every aligner shares: the classes it may use, the prepared pair, data, and diagnostics.
+"""What every aligner shares: the prepared pair, twins, data, what it gets and returns, diagnostics.
 
 An aligner moves model B onto model A: it returns a group element g with g.theta_B close to
 theta_A (docs/MATH.md section 4), and the path is then theta_A -> g.theta_B. Residual rotations need the
@@ -7,10 +7,9 @@ rewrites LayerNorm as RMSNorm, in BOTH models before any aligner runs; each endp
 its original function, but interpolation then happens in the folded coordinates (the gains
 interpolate inside the readers), which is the path the rotation group acts on.
 
-Classes a user may restrict an aligner to are the spec's KINDS; the default (`choose_classes`, the
-one place it is decided) is every kind the architecture has that is an exact symmetry, with the
-residual stream as a rotation: RMSNorm gains are folded, LayerNorm is rewritten as RMSNorm (the pair
-then runs as reference-family twins, and a merged model is saved in that family).
+The classes a run uses are decided in engine.classes (`choose_classes`), below the aligners, so that
+the memory and time estimates know them without importing an aligner; their names are re-exported
+here for the aligners and tests that import them from this module.
 """
 
 from __future__ import annotations
@@ -26,11 +25,20 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from engine.cancel import CancelToken
-from engine.errors import LMCError, SpecError
+from engine.classes import (  # noqa: F401 (re-exported)
+    CLASSES,
+    RESIDUAL,
+    ClassChoice,
+    choose_classes,
+    default_classes,
+    resolve_classes,
+    rewrite_refusal,
+)
+from engine.errors import SpecError
 from engine.interpolate import Progress
 from engine.models import Model, canonical, model_logits, set_canonical
 from engine.models.base import Arch, Params
-from engine.spec import KINDS, Spec, approximate_kinds, arch_kinds, build_spec
+from engine.spec import Spec, build_spec
 from engine.surgery import fold_norms_, layernorm_to_rmsnorm_, reference_config_from_arch
 from engine.symmetry import GroupElement, identity
 
@@ -39,89 +47,6 @@ if TYPE_CHECKING:
     from engine.align.weight import WeightSettings
 
 F64 = torch.float64
-CLASSES = KINDS  # what a user may restrict an aligner to (engine/spec.py)
-RESIDUAL = ("residual_perm", "residual_orth")
-
-
-# ---------------------------------------------------------------------------------------------
-# Classes
-
-
-@dataclass(frozen=True)
-class ClassChoice:
-    """The symmetry classes a run uses, and why each other kind of KINDS is left out."""
-
-    classes: frozenset[str]
-    left_out: dict[str, str]  # kind -> one sentence
-
-
-def rewrite_refusal(arch: Arch) -> str | None:
-    """Why the residual stream of `arch` cannot be made rotation-ready (fold_norms or layernorm_to_rmsnorm),
-    or None. Judged from the Arch alone, so a run's classes (and its memory) are known before loading."""
-    if arch.norm == "layernorm" and arch.pe == "sinusoidal":
-        return "a LayerNorm model with a fixed sinusoidal table cannot be rewritten as RMSNorm (the table is not centred)"
-    if arch.norm == "layernorm" and arch.mlp == "swiglu" and arch.norm_bias:
-        return "a SwiGLU model with LayerNorm biases cannot be rewritten as RMSNorm (the gate has no bias to absorb them)"
-    return None
-
-
-def _absent(arch: Arch, kind: str) -> str:
-    if kind == "mlp_scale":
-        return f"not a symmetry of a {arch.mlp} MLP (only ReLU and SwiGLU neurons can be rescaled)"
-    return f"not a symmetry of this {arch.mlp} / {arch.pe} model"
-
-
-def choose_classes(arch: Arch, method: str, asked: tuple[str, ...] | list[str] | None = ()) -> ClassChoice:
-    """The classes a run of `method` on `arch` uses: exactly those `asked`, or by default (() or None) the
-    one default of the engine, with a reason for every kind left out.
-
-    The default: every exact kind of the architecture, the residual stream as a rotation (O(D) contains
-    the permutations) after folding RMSNorm gains or rewriting LayerNorm as RMSNorm (prepare_pair),
-    which every aligner supports. Where no rewrite is possible the residual stream is permuted instead.
-    Under a fixed sinusoidal PE no residual map is exact (docs/MATH.md section 3), and both are left out:
-    measured on the sinusoidal zoo LM pair, either map lowers the barrier over the chord only because
-    it ruins the moved B (its loss rises 3-4 fold, bench/RESULTS.md), so the path no longer ends at the
-    model B. The naive baseline uses no class.
-    """
-    kinds, approx = arch_kinds(arch), approximate_kinds(arch)
-    absent = {k: _absent(arch, k) for k in KINDS if k not in kinds}
-    if asked:
-        chosen = frozenset(asked)
-        unknown = sorted(chosen - set(CLASSES))
-        if unknown:
-            raise LMCError(f"Unknown symmetry class {unknown[0]!r}; choose from {', '.join(CLASSES)}.")
-        if set(RESIDUAL) <= chosen:
-            raise LMCError("Choose one residual class, residual_perm or residual_orth (the rotations contain the "
-                           "permutations).")
-        bad = sorted(chosen & set(absent))
-        if bad:
-            raise LMCError(f"Symmetry class {bad[0]!r} is not a symmetry of this {arch.mlp} / {arch.pe} "
-                           f"model (its classes: {', '.join(kinds)}).")
-        return ClassChoice(chosen, absent | {k: "not asked for (--classes)" for k in kinds if k not in chosen})
-    if method == "naive":
-        return ClassChoice(frozenset(), absent | {k: "the naive baseline applies no symmetry" for k in kinds})
-    left = dict(absent)
-    for k in sorted(approx):
-        left[k] = ("not exact: the fixed sinusoidal table is a residual writer that no rotation or permutation "
-                   "preserves; on the sinusoidal zoo pair either map raises B's own loss 3-4 fold (bench/RESULTS.md)")
-    refused = rewrite_refusal(arch)
-    if "residual_orth" not in approx:
-        if refused is None:
-            left["residual_perm"] = "contained in residual_orth (every permutation is a rotation)"
-        else:
-            left["residual_orth"] = f"not rotation-ready: {refused}"
-    chosen = frozenset(k for k in kinds if k not in left)
-    return ClassChoice(chosen, {k: left[k] for k in KINDS if k in left})
-
-
-def default_classes(spec: Spec | Arch, method: str = "weight") -> frozenset[str]:
-    """The classes `method` uses by default on this architecture (choose_classes)."""
-    return choose_classes(spec.arch if isinstance(spec, Spec) else spec, method).classes
-
-
-def resolve_classes(spec: Spec, classes: tuple[str, ...] | list[str] | None, method: str = "weight") -> frozenset[str]:
-    """The classes an aligner will use: the default for () or None, else exactly those asked for."""
-    return choose_classes(spec.arch, method, classes).classes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,7 +327,7 @@ def matching_costs(pa: Params, pb: Params) -> dict[str, float]:
     return {L: num[L] / den[L] if den[L] > 0 else 0.0 for L in num}
 
 
-def _rounded(t: Tensor, digits: int = 5) -> list:
+def rounded(t: Tensor, digits: int = 5) -> list:
     return torch.round(t.detach().to(F64), decimals=digits).tolist()
 
 
@@ -421,14 +346,14 @@ def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str], view:
             "mlp_perm": el.mlp_perm.tolist(),
         }
         if "mlp_scale" in classes:
-            d["mlp_scale"] = _rounded(el.mlp_scale)
+            d["mlp_scale"] = rounded(el.mlp_scale)
         if "qk" in classes:
-            d["qk_singular_values"] = _rounded(torch.linalg.svdvals(el.qk.to(F64)))
+            d["qk_singular_values"] = rounded(torch.linalg.svdvals(el.qk.to(F64)))
             if a.pe == "rope":
                 z = rope_scalars(el.qk.to(F64), a.rope_layout, a.rotary_dim)  # [h_kv, r/2]
-                d["rope_scalars"] = {"abs": _rounded(z.abs()), "angle": _rounded(z.angle())}
+                d["rope_scalars"] = {"abs": rounded(z.abs()), "angle": rounded(z.angle())}
         if "vo" in classes:
-            d["vo_singular_values"] = _rounded(torch.linalg.svdvals(el.vo.to(F64)))
+            d["vo_singular_values"] = rounded(torch.linalg.svdvals(el.vo.to(F64)))
         layers.append(d | (view[len(layers)] if view else {}))
     O = g.residual.to(F64)
     perm = residual_perm_of(O)
@@ -437,56 +362,6 @@ def describe_element(pair: Pair, g: GroupElement, classes: frozenset[str], view:
     if perm is not None:
         residual["perm"] = perm.tolist()
     else:
-        residual["matrix"] = _rounded(O, 4)
+        residual["matrix"] = rounded(O, 4)
         residual["distance_from_identity"] = float(torch.linalg.matrix_norm(O - torch.eye(a.d_model, dtype=F64)))
     return {"layers": layers, "residual": residual}
-
-
-QUANTILES = 101  # sorted per-neuron similarities are kept as percentiles: a curve, not m numbers
-
-
-def _sig(t: Tensor, digits: int = 4) -> list:
-    """Values to `digits` significant figures (costs span orders of magnitude across models)."""
-    return [[float(f"{v:.{digits}g}") for v in row] for row in t.tolist()]
-
-
-def _neuron_rows(arch, p: Params, layer: int) -> Tensor:
-    """[m, *]: every weight of each hidden neuron (incoming, gate, outgoing) as one row."""
-    from engine.align.weight import neurons
-
-    inc, out, gate = neurons(arch, p, layer)
-    return torch.cat([inc, out] + ([gate] if gate is not None else []), 1)  # [m, *]
-
-
-def _cosine_rows(X: Tensor, Y: Tensor) -> Tensor:
-    return (X * Y).sum(1) / (X.norm(dim=1) * Y.norm(dim=1)).clamp_min(1e-30)  # [m]
-
-
-def matching_view(pair: Pair, moved: Params, g: GroupElement) -> list[dict]:
-    """Per layer, what a matching sees once B is aligned (B moved onto A, in A's residual frame):
-
-    - head_cost [h_A][h_B]: the weight-matching head cost (engine.align.weight.head_cost: the distance
-      of the heads' invariant Q/K and V/O circuits) between A's head i and B's head j as trained, so
-      the chosen head permutation is the cells (i, head_perm[i]);
-    - mlp_similarity: percentiles (QUANTILES, ascending) of the cosine between each A neuron's weights
-      and its matched B neuron's ("matched"), and with B's neuron of the same index ("same_index"),
-      both after every other part of the alignment.
-    Float64 on the CPU, one layer at a time.
-    """
-    from engine.align.weight import head_cost
-
-    arch, pa = pair.arch, pair.params_a
-    q = torch.linspace(0, 1, QUANTILES, dtype=F64)
-    out = []
-    for layer, el in enumerate(g.layers):
-        pre = f"blocks.{layer}."
-        la = {k: v.detach().to("cpu", F64) for k, v in pa.items() if k.startswith(pre)}
-        lb = {k: v.detach().to("cpu", F64) for k, v in moved.items() if k.startswith(pre)}
-        C = torch.empty(arch.n_heads, arch.n_heads, dtype=F64)
-        C[:, el.head_perm] = head_cost(arch, la, lb, layer)  # moved B's head j is B's head perm[j]
-        na, nb = _neuron_rows(arch, la, layer), _neuron_rows(arch, lb, layer)  # [m, *]
-        inv = torch.argsort(el.mlp_perm)  # B's neuron i sits at inv[i] in the moved model
-        out.append({"head_cost": _sig(C), "mlp_similarity": {
-            "matched": _rounded(torch.quantile(_cosine_rows(na, nb), q), 4),
-            "same_index": _rounded(torch.quantile(_cosine_rows(na, nb[inv]), q), 4)}})
-    return out

@@ -26,6 +26,8 @@ from torch import Tensor
 
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
 from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative, starting_element
+from engine.align.learned import scratch_bytes as learned_scratch
+from engine.models.base import Arch
 from engine.progress import relabel
 from engine.results import MAX_STEPS
 from engine.symmetry import GroupElement, apply
@@ -102,3 +104,9 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
             "dual_minus_one_sided_barrier": res["best_val_barrier"] - one["best_val_barrier"],
         }
     return AlignOutput(relative(ctx.pair.arch, g_a, g_b), info, g_a=g_a)
+
+
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> int:
+    """Peak scratch beyond the two models (bytes), from the config alone (registry entry `dual`): learned
+    matching's with both sides' latents and parameters."""
+    return learned_scratch(arch, params, layer_params, itemsize, sides=2)

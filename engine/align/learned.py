@@ -84,9 +84,11 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
+from engine.align.weight import scratch_bytes as weight_scratch
 from engine.align.weight import weight_match
 from engine.cancel import check
 from engine.errors import LMCError
+from engine.evaluate import seq_len
 from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.progress import Progress, relabel
@@ -890,3 +892,30 @@ def align_learned(ctx: AlignContext) -> AlignOutput:
     res = optimise(ctx, g0, dual=False, steps=ctx.steps or DEFAULT_STEPS, time_budget_s=ctx.time_budget_s)
     info = {k: res[k] for k in RECORD}
     return AlignOutput(res["g_b"], info | {"seconds": t(), "init_seconds": t_init})
+
+
+# ---------------------------------------------------------------------------------------------
+# Memory, from the config alone (engine.resources)
+
+
+def latent_count(arch: Arch) -> int:
+    """Latents of one side, every class: Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2, the MLP latent
+    scoring k = min(m, CANDIDATES) partners per neuron."""
+    m = arch.d_mlp
+    per_layer = (arch.n_heads**2 + m * min(m, CANDIDATES) + m + 2 * arch.n_kv_heads * arch.d_head**2
+                 + arch.n_kv_heads * arch.rotary_dim)
+    return arch.n_layers * per_layer + 2 * arch.d_model**2
+
+
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sides: int = 1) -> int:
+    """Peak scratch beyond the two models (bytes), from the config alone (registry entry `learned`; `dual`
+    with sides=2; the arithmetic is engine.resources'): weight matching's (its start), the float64 latents
+    with their gradient and two Adam moments, the moved and interpolated parameters and their gradients,
+    one training batch's activations kept for the backward pass, and its logits and their gradient."""
+    D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
+    T, f = seq_len(arch), F64.itemsize
+    items = AlignContext.__dataclass_fields__["batch"].default
+    n, rows = items * T, items * T if arch.task == "lm" else items  # positions, logit rows
+    return (weight_scratch(arch, params, layer_params, itemsize) + sides * 4 * f * latent_count(arch)
+            + (2 + 2 * sides) * params * itemsize + n * L * (6 * D + 3 * m + h * T) * itemsize
+            + rows * V * (2 * itemsize + 2 * f))

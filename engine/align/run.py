@@ -12,31 +12,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from engine.align import METHODS
 from engine.align.common import (
-    RESIDUAL,
+    F64,
     AlignContext,
     AlignOutput,
-    ClassChoice,
     Pair,
-    choose_classes,
     describe_element,
     matching_costs,
-    matching_view,
     model_for,
     prepare_pair,
+    rounded,
     tick,
     write_params,
 )
 from engine.align.learned import Settings, step_budget
 from engine.align.solvers import single_thread
-from engine.align.weight import SMALL_MODEL, WeightSettings
+from engine.align.weight import SMALL_MODEL, WeightSettings, head_cost, neurons
 from engine.cancel import CancelToken
+from engine.classes import RESIDUAL, ClassChoice, choose_classes
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import Progress, check_same_architecture
 from engine.models import Model, canonical
+from engine.models.base import Params
 from engine.spec import build_spec
 from engine.symmetry import GroupElement, LayerElement, act, apply, element_maps
 
@@ -66,7 +67,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
           time_budget_s: float | None = None, learned: Settings | None = None,
           weight: WeightSettings | None = None) -> Aligned:
     """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model,
-    engine.align.common.choose_classes).
+    engine.classes.choose_classes).
 
     in_place=True writes g.theta_B into B's own tensors (pair.model_b: `b` itself unless the norms were
     rewritten into a twin) instead of a copy, so a run holds no model beyond A, B and the path; the
@@ -212,3 +213,52 @@ def alignment_record(al: Aligned) -> dict:
         rec["element_a"] = describe_element(pair, al.out.g_a, al.classes)
     return rec
 
+
+# ---------------------------------------------------------------------------------------------
+# What a matching saw, for the record
+
+
+QUANTILES = 101  # sorted per-neuron similarities are kept as percentiles: a curve, not m numbers
+
+
+def _sig(t: Tensor, digits: int = 4) -> list:
+    """Values to `digits` significant figures (costs span orders of magnitude across models)."""
+    return [[float(f"{v:.{digits}g}") for v in row] for row in t.tolist()]
+
+
+def _neuron_rows(arch, p: Params, layer: int) -> Tensor:
+    """[m, *]: every weight of each hidden neuron (incoming, gate, outgoing) as one row."""
+    inc, out, gate = neurons(arch, p, layer)
+    return torch.cat([inc, out] + ([gate] if gate is not None else []), 1)  # [m, *]
+
+
+def _cosine_rows(X: Tensor, Y: Tensor) -> Tensor:
+    return (X * Y).sum(1) / (X.norm(dim=1) * Y.norm(dim=1)).clamp_min(1e-30)  # [m]
+
+
+def matching_view(pair: Pair, moved: Params, g: GroupElement) -> list[dict]:
+    """Per layer, what a matching sees once B is aligned (B moved onto A, in A's residual frame):
+
+    - head_cost [h_A][h_B]: the weight-matching head cost (engine.align.weight.head_cost: the distance
+      of the heads' invariant Q/K and V/O circuits) between A's head i and B's head j as trained, so
+      the chosen head permutation is the cells (i, head_perm[i]);
+    - mlp_similarity: percentiles (QUANTILES, ascending) of the cosine between each A neuron's weights
+      and its matched B neuron's ("matched"), and with B's neuron of the same index ("same_index"),
+      both after every other part of the alignment.
+    Float64 on the CPU, one layer at a time.
+    """
+    arch, pa = pair.arch, pair.params_a
+    q = torch.linspace(0, 1, QUANTILES, dtype=F64)
+    out = []
+    for layer, el in enumerate(g.layers):
+        pre = f"blocks.{layer}."
+        la = {k: v.detach().to("cpu", F64) for k, v in pa.items() if k.startswith(pre)}
+        lb = {k: v.detach().to("cpu", F64) for k, v in moved.items() if k.startswith(pre)}
+        C = torch.empty(arch.n_heads, arch.n_heads, dtype=F64)
+        C[:, el.head_perm] = head_cost(arch, la, lb, layer)  # moved B's head j is B's head perm[j]
+        na, nb = _neuron_rows(arch, la, layer), _neuron_rows(arch, lb, layer)  # [m, *]
+        inv = torch.argsort(el.mlp_perm)  # B's neuron i sits at inv[i] in the moved model
+        out.append({"head_cost": _sig(C), "mlp_similarity": {
+            "matched": rounded(torch.quantile(_cosine_rows(na, nb), q), 4),
+            "same_index": rounded(torch.quantile(_cosine_rows(na, nb[inv]), q), 4)}})
+    return out

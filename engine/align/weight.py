@@ -47,8 +47,8 @@ from engine.align.solvers import (
 from engine.cancel import CancelToken, check
 from engine.errors import LMCError
 from engine.interpolate import Progress
+from engine.memory import reuse_freed_memory
 from engine.models.base import Arch, Params
-from engine.resources import reuse_freed_memory
 from engine.spec import Spec
 from engine.symmetry import GroupElement, LayerElement, act, element_maps, identity, layer_maps, rope_commutant
 
@@ -283,6 +283,17 @@ SMALL_MODEL = 20_000_000  # parameters: below this every product runs in float64
 def work_dtype(p: Params) -> torch.dtype:
     """float64 for small models (exact answers, nothing to save); float32 products at scale."""
     return F64 if sum(v.numel() for v in p.values()) <= SMALL_MODEL else torch.float32
+
+
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> int:
+    """Peak scratch beyond the two models (bytes), from the config alone (registry entry `weight`; the
+    arithmetic is engine.resources'): B's block moved twice, both models' head circuits [h, D+1, D], the
+    MLP cost [m, m] (and its float64 copy), the summed circuits of every layer [3L, D, D] per model,
+    residual cross products, and the largest parameter moved, in the work dtype (work_dtype)."""
+    D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
+    w, f = (F64 if params <= SMALL_MODEL else torch.float32).itemsize, F64.itemsize
+    return (w * (2 * layer_params + 4 * h * (D + 1) * D + m * m + 6 * L * D * D)
+            + 2 * f * (m * m + 2 * D * D) + 2 * w * max(V * D, D * m))
 
 
 def layer_keys(spec: Spec) -> tuple[list[str], list[list[str]]]:

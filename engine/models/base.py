@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.errors import ArchitectureMismatch
+
 Params = dict[str, torch.Tensor]
 
 PE_KINDS = ("none", "learned", "sinusoidal", "rope")
@@ -94,6 +96,21 @@ class Model:
     config: dict  # the family's own config, JSON-serialisable
     name: str = ""  # zoo name or directory, for display and records
     path: Path | None = None
+
+
+def check_same_architecture(a: Model, b: Model) -> None:
+    """Raise with the first difference if `a` and `b` cannot be interpolated (both paths check it first:
+    engine.interpolate, engine.circuits; so does alignment)."""
+    if a.family != b.family:
+        raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} are of different families: {a.family} vs {b.family}.")
+    diff = a.arch.mismatch(b.arch)
+    if diff is not None:
+        raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} differ in architecture: {diff}.")
+    sa, sb = a.module.state_dict(), b.module.state_dict()
+    for k in sa:
+        if k not in sb or sa[k].shape != sb[k].shape:
+            got = tuple(sb[k].shape) if k in sb else "missing"
+            raise ArchitectureMismatch(f"Models {a.name or 'A'} and {b.name or 'B'} differ at tensor {k}: {tuple(sa[k].shape)} vs {got}.")
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
-"""The record's view of what a matching saw (engine.align.common.matching_view): each layer's head
+"""The record's view of what a matching saw (engine.align.run.matching_view): each layer's head
 cost matrix, on which the chosen permutation is the cheapest, and the matched neurons' similarities."""
 
 from itertools import permutations
 
 import torch
 
-from engine.align.common import QUANTILES, default_classes, model_for, prepare_pair
-from engine.align.run import align, alignment_record
+from engine.align.common import default_classes, model_for, prepare_pair
+from engine.align.run import QUANTILES, align, alignment_record
 from engine.models import canonical
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec

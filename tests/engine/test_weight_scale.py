@@ -155,7 +155,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
     import json, resource, sys, threading, torch
     from engine.align.run import align
     from engine.models import load_model
-    from engine.resources import return_freed_memory
+    from engine.memory import return_freed_memory
     assert return_freed_memory()
     torch.set_num_threads(1)
     def rss():  # resident set now, bytes
@@ -183,7 +183,7 @@ def test_weight_matching_memory_beyond_the_two_models_is_bounded(tmp_path):
     """Resident memory during one weight-matching call on two independent mid-sized GPT-2s (35M
     parameters, float32 products), sampled in a fresh process: less than 1.5 model's bytes above the
     two loaded endpoints (measured 1.1: glibc's heap keeps freed per-layer blocks below its 32 MiB mmap
-    threshold for reuse during weight matching, engine.resources.reuse_freed_memory). Before streaming the same call held
+    threshold for reuse during weight matching, engine.memory.reuse_freed_memory). Before streaming the same call held
     several whole-model float64 copies."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
