@@ -1,7 +1,7 @@
 """Learned matching: optimise the transform on the task loss of the interpolated model
 (docs/MATH.md section 4.4; "Git Re-Basin", ICLR 2023, straight-through estimator).
 
-    min over latents  E_{lam ~ U(0.4, 0.6)}  L((1 - lam) theta_A + lam g(theta_B))   (lam: `Settings.lambdas`)
+    min over latents  E_lam  L((1 - lam) theta_A + lam g(theta_B))   (lam: `Settings.lambdas`)
 
 with the model weights frozen and Adam on the latents only, initialised at the weight-matching
 solution. Each class has its own latent:
@@ -53,7 +53,7 @@ import random
 import resource
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -113,6 +113,10 @@ LAMBDAS = {"narrow": (0.4, 0.6), "uniform": (0.0, 1.0), "fixed": (0.5, 0.5), "ad
 ADAPTIVE_BAND = 0.1  # `adaptive`: half-width of the band around the worst validation lam
 VAL_LAMBDAS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where each validation check measures the path
 MID = VAL_LAMBDAS.index(0.5)
+# lam sampling per task when a run names none: LM paths rise in one bump at the middle, which U(0.4,
+# 0.6) removes fastest; ViT paths fitted there grow shoulders at lam 0.1-0.3 and 0.7-0.9, which
+# `adaptive` follows (bench/RESULTS.md, "Validating on the path")
+DEFAULT_LAMBDAS = {"lm": "narrow", "vit": "adaptive"}
 STARTS = ("weight", "activation")  # the aligner whose element the latents start from
 CANDIDATES = 16  # candidate partners per MLP neuron (the latent is [m, CANDIDATES] per layer)
 CANDIDATE_ROWS = 1024  # rows of the candidate scores computed at once: O(rows x m) scratch
@@ -136,9 +140,9 @@ class Settings:
 
     lr_perm, lr_map: peak Adam step sizes of the permutation and continuous latents; warmup: the
     fraction of the steps over which they rise linearly, a cosine decay to the last step follows;
-    lambdas: a key of LAMBDAS; patience: validation checks in a row that do not lower the validation
-    midpoint excess over the chord by min_improvement of itself (from the last check that did) before
-    the run stops, once the step size has decayed to half its peak (None: never);
+    lambdas: a key of LAMBDAS (None: DEFAULT_LAMBDAS of the task); patience: validation checks in a
+    row that do not lower the validation barrier by min_improvement of itself (from the last check
+    that did) before the run stops, once the step size has decayed to half its peak (None: never);
     eval_every: steps between validation checks (None: steps // EVALS);
     candidates: partners per MLP neuron in its latent;
     start: a key of STARTS, the element the latents start from (weight matching, or activation
@@ -148,7 +152,7 @@ class Settings:
     lr_perm: float = LR["perm"]
     lr_map: float = LR["map"]
     warmup: float = WARMUP
-    lambdas: str = "narrow"
+    lambdas: str | None = None
     patience: int | None = PATIENCE
     min_improvement: float = MIN_IMPROVEMENT
     eval_every: int | None = None
@@ -156,7 +160,7 @@ class Settings:
     start: str = "weight"
 
     def __post_init__(self) -> None:
-        if self.lambdas not in LAMBDAS:
+        if self.lambdas is not None and self.lambdas not in LAMBDAS:
             raise LMCError(f"Lambda sampling {self.lambdas!r} is not available; choose one of {', '.join(LAMBDAS)}.")
         if self.start not in STARTS:
             raise LMCError(f"Learned matching start {self.start!r} is not available; choose one of {', '.join(STARTS)}.")
@@ -696,13 +700,15 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     the schedule, the lam sampling and the MLP candidates; `progress` (default ctx.progress) hears
     of every step; `on_check(step, g_a, g_b)` (optional) is called after every validation check with
     the best hard elements so far. Returns the best hard elements seen on the validation batch
-    (midpoint loss of theta_A and g_A^{-1} g_B theta_B, the same function as the dual midpoint), the
+    (validation barrier of the path theta_A -> g_A^{-1} g_B theta_B, the same function as the dual
+    path), the
     history, the curve, the steps done and the memory it took: latent and Adam-state bytes, and the
     process's peak resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
     """
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
     st = settings or ctx.learned or Settings()
+    st = replace(st, lambdas=st.lambdas or DEFAULT_LAMBDAS[arch.task])  # the record names the mode it used
     progress = progress or ctx.progress
     name = "dual matching" if dual else "learned matching"
     tw = twin(pair.model_a)

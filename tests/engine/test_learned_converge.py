@@ -229,6 +229,17 @@ def test_the_record_keeps_the_curve_the_settings_and_the_flips():
     apply(pair.arch, kept, pair.params_b)  # strict membership check
 
 
+def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
+    pair, kinds = tiny()
+    assert Settings().lambdas is None and learned.DEFAULT_LAMBDAS == {"lm": "narrow", "vit": "adaptive"}
+    res = optimise(AlignContext(pair, kinds, steps=3), identity(pair.arch), dual=False, steps=3,
+                   settings=Settings(eval_every=1))
+    assert res["settings"]["lambdas"] == "narrow" and all(0.4 <= lam <= 0.6 for lam in res["curve"]["lambda"])
+    res = optimise(AlignContext(pair, kinds, steps=3), identity(pair.arch), dual=False, steps=3,
+                   settings=Settings(eval_every=1, lambdas="fixed"))
+    assert res["settings"]["lambdas"] == "fixed"
+
+
 def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
     """Validation measures the path at VAL_LAMBDAS; the kept element is the check with the smallest
     largest excess over the chord, and the history says where each check's worst point lay."""
