@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from engine import distributed
 from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
 from engine.data import default_splits, digits_sha256
@@ -294,7 +295,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         if not all(bool(torch.isfinite(t).all()) for t in merged.module.state_dict().values() if t.is_floating_point()):
             raise LMCError(f"The merged model at alpha {alpha:g} has weights that overflow {cfg.dtype}; "
                            "nothing was saved (choose an alpha nearer the segment).")
-        save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
+        if distributed.is_main():  # under torchrun every process holds the model; process 0 writes it
+            save_model(merged, save_merged, overwrite=overwrite, inputs=(path_a, path_b))
         extra["merged"] = {"path": str(save_merged), "alpha": alpha, "family": merged.family,
                            "format": merged_format(a, merged, al.pair.rewrite)}
     if cfg.method == "naive":  # the same identity element, walked in the aligned runs' coordinates

@@ -15,7 +15,7 @@ import math
 import os
 import sys
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 from tqdm import tqdm
@@ -37,6 +37,27 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message[0].upper() + message[1:] + ("" if message.endswith(".") else "."))
 
 
+def _launched() -> bool:
+    """Whether torchrun started this process as one of several (engine.distributed.launched, without
+    importing torch: `--help` stays fast)."""
+    return os.environ.get("WORLD_SIZE", "1") not in ("", "0", "1")
+
+
+def _rank_zero() -> bool:
+    """Whether this process speaks and writes: always, but under torchrun only process 0 (RANK 0)."""
+    return not _launched() or os.environ.get("RANK", "0") == "0"
+
+
+@contextmanager
+def _quiet_unless_rank_zero():
+    """Under torchrun the other processes' standard output goes nowhere: process 0 reports the run."""
+    if _rank_zero():
+        yield
+        return
+    with open(os.devnull, "w") as sink, redirect_stdout(sink):
+        yield
+
+
 class _PhaseBars:
     """A run_pair progress callback: one tqdm bar per phase (engine.progress), each closed when the next
     begins. A bar shows only once its phase has run BAR_DELAY_S, so quick phases (and errors found in
@@ -50,7 +71,8 @@ class _PhaseBars:
     def __call__(self, u) -> None:
         if u.phase != self.phase or self.bar is None or self.bar.total != (u.total or None):
             self.close()
-            self.bar = tqdm(total=u.total or None, desc=f"{self.desc}: {u.phase}", leave=False, delay=self.BAR_DELAY_S)
+            self.bar = tqdm(total=u.total or None, desc=f"{self.desc}: {u.phase}", leave=False, delay=self.BAR_DELAY_S,
+                            disable=not _rank_zero())
             self.phase = u.phase
         self.bar.n = u.done
         self.bar.set_postfix_str(u.message, refresh=False)
@@ -189,6 +211,10 @@ def _check_pair_args(args) -> tuple[list[Path], str]:
     elif getattr(args, "extrapolate", False) or getattr(args, "overwrite", False):
         raise LMCError("--extrapolate and --overwrite apply to --save-merged; add --save-merged DIR.")
     _check_out(args.out, inputs, merged)
+    if _launched():  # under torchrun: join the other processes (engine.distributed)
+        from engine.distributed import start
+
+        start(device)
     return inputs, device
 
 
@@ -246,7 +272,7 @@ def _run_config(args, method: str, device: str):
         model_a=args.model_a, model_b=args.model_b, method=method,
         classes=tuple(getattr(args, "classes", None) or ()), steps=getattr(args, "steps", 0) or 0,
         points=args.points, eval_split=args.split, eval_items=args.eval_items,
-        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args), path=args.path,
+        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args), path=args.path, dtype=args.dtype,
     )
 
 
@@ -277,7 +303,7 @@ def cmd_interpolate(args) -> None:
     _print_path_table(rec)
     _print_classes(rec)
     _print_attribution(rec)
-    if args.out:
+    if args.out and _rank_zero():
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
 
@@ -317,7 +343,7 @@ def cmd_align(args) -> None:
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
         print(f"merged model format: {rec['merged']['format']}")
-    if args.out:
+    if args.out and _rank_zero():
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
 
@@ -508,6 +534,8 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", default="weights", choices=["weights", "circuits"],
                    help="weights (default): lerp the factored weights; circuits: lerp each head's QK and OV "
                         "circuits (a model with heads twice as wide), like for like with the literature")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="the dtype both models are loaded and run in (float64: exact to 1e-12, slower)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
     p.add_argument("--offload", action="store_true",
@@ -662,7 +690,11 @@ def main(argv: list[str] | None = None) -> int:
         warnings.showwarning = _warning_line
         try:
             args = parser().parse_args(argv)
-            args.fn(args)
+            if _launched() and args.fn not in (cmd_align, cmd_interpolate):
+                raise LMCError(f"Only `align` and `interpolate` run across processes; run `{args.command}` "
+                               "without torchrun.")
+            with _quiet_unless_rank_zero():
+                args.fn(args)
         except LMCError as e:
             print(f"error: {_one_line(e)}", file=sys.stderr)
             return 2
@@ -685,4 +717,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: internal error ({type(e).__name__}: {_one_line(e)[:300]}); this is a bug in the engine, "
                   "rerun with LMC_DEBUG=1 for the traceback.", file=sys.stderr)
             return 1
+        finally:
+            if _launched() and "torch.distributed" in sys.modules:
+                from engine.distributed import stop
+
+                stop()
     return 0

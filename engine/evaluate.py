@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from engine import distributed
 from engine.cancel import CancelToken, check
 from engine.data import HFTokenizer, Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
 from engine.errors import DataError, LMCError
@@ -171,7 +172,8 @@ def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast:
     correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=cast):
         batches = -(-len(es.inputs) // per_batch)
-        for i in range(0, len(es.inputs), per_batch):
+        for b in distributed.my_batches(batches):  # all of them in one process; a share under torchrun
+            i = b * per_batch
             check(cancel, f"evaluation, batch {i // per_batch + 1}/{batches}")
             x = es.inputs[i : i + per_batch].to(device, non_blocking=True)
             y = es.targets[i : i + per_batch].to(device, non_blocking=True)
@@ -188,5 +190,6 @@ def evaluate(model: Model, es: EvalSet, max_tokens: int | None = None, autocast:
             del logits, chunk  # before the next forward: two batches' logits would double the peak
             if progress:
                 progress(i // per_batch + 1, batches, f"batch {i // per_batch + 1}/{batches}")
+    distributed.all_sum(total, correct)
     n = es.size
     return {"loss": total.item() / n, "accuracy": correct.item() / n if es.task == "vit" else None}

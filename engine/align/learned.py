@@ -62,6 +62,7 @@ from scipy.sparse.csgraph import min_weight_full_bipartite_matching
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from engine import distributed
 from engine.align.activation import ACT_BATCH, activation_match
 from engine.align.common import (
     F64,
@@ -644,11 +645,15 @@ def items_per_pass(arch: Arch, x: Tensor, dtype: torch.dtype) -> int:
 
 @torch.no_grad()
 def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
-    """Mean task loss over (x, y), `per_pass` items per forward pass, summed in a Python float."""
-    total = 0.0
+    """Mean task loss over (x, y), `per_pass` items per forward pass, summed in float64 (under
+    torchrun each process scores its share of the rows and the sums are added: engine.distributed)."""
+    rows = distributed.shard(len(x))
+    x, y_all, y = x[rows], y, y[rows]
+    total = torch.zeros((), dtype=torch.float64)
     for i in range(0, len(x), per_pass):
         total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * y[i:i + per_pass].numel()
-    return total / y.numel()
+    distributed.all_sum(total)
+    return float(total) / y_all.numel()
 
 
 def backward_loss(tw: Model, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
@@ -731,6 +736,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         side_a = Transform(arch, spec, kinds, start, dtype,
                            mlp_candidates(spec, pb, pa, start, st.candidates, g_ref=g0_b) if has_mlp else None)
     sides = [s for s in (side_a, side_b) if s is not None]
+    latents = [p for s in sides for p in s.parameters()]
     groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]
     opt = torch.optim.Adam(groups, foreach=False) if groups else None  # foreach would copy every latent
     batches = train_batches(arch, ctx.batch, ctx.seed)
@@ -813,17 +819,20 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     t_opt = tick()
     for step in range(1, steps + 1 if opt else 1):
         check(ctx.cancel, f"{name}, step {step}/{steps}")
-        if time_budget_s is not None and clock() >= time_budget_s:
+        now = distributed.agree(clock())  # process 0's clock decides for all (engine.distributed)
+        if time_budget_s is not None and now >= time_budget_s:
             stopped = "time_budget"
             break
         if step - 1 - solved_at >= RESOLVE_EVERY:
             solve(step - 1)
         x, y = next(batches)
+        rows = distributed.shard(len(x))  # this process's share of the batch (all of it in one process)
+        share = y[rows].numel() / y.numel()
         lam = sample_lambda(rng, st.lambdas, worst_lam)
         if time_budget_s is None:
             f = lr_factor(step, steps, st.warmup)
         else:  # the schedule follows whichever of the step and time budgets runs out first
-            f = fraction_factor(budget_fraction(step - 1, steps, clock(), time_budget_s), st.warmup)
+            f = fraction_factor(budget_fraction(step - 1, steps, now, time_budget_s), st.warmup)
         for g in opt.param_groups:
             g["lr"] = g["peak"] * f
         theta_b = act_ste(spec, side_b.maps(), pb)
@@ -831,13 +840,22 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         mid = {k: (1 - lam) * theta_a[k] + lam * theta_b[k] for k in pa}
         del theta_a, theta_b
         opt.zero_grad(set_to_none=True)
-        loss = backward_loss(tw, mid, x, y, per_pass)
+        loss = backward_loss(tw, mid, x[rows], y[rows], per_pass) * share
         del mid
+        if distributed.size() > 1:  # the whole batch's gradient and loss: the shares' weighted sum
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in latents]
+            total = torch.tensor([loss], dtype=torch.float64)
+            for g in grads:
+                g.mul_(share)
+            distributed.all_sum(*grads, total)
+            for p, g in zip(latents, grads):
+                p.grad = g
+            loss = float(total)
         opt.step()
         done = step
         for key, val in (("step", step), ("train_loss", loss), ("lr_factor", f), ("lambda", lam)):
             curve[key].append(val)
-        p = budget_fraction(step, steps, clock(), time_budget_s)
+        p = budget_fraction(step, steps, distributed.agree(clock()), time_budget_s)
         if progress:
             of = f"{step}/{steps}" if steps < MAX_STEPS else f"{step}, {p:.0%} of {time_budget_s:.0f} s"
             progress(*((step, steps) if steps < MAX_STEPS else (round(1000 * p), 1000)),
@@ -855,7 +873,6 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     if done and history["step"][-1] != done:  # stopped by the time budget between two checks
         validate(done, loss)
     opt_seconds = t_opt()
-    latents = [p for s in sides for p in s.parameters()]
     memory = {
         "dtype": str(dtype).removeprefix("torch."),
         "model_bytes": tensor_bytes(pair.params_a.values()),
