@@ -12,9 +12,11 @@ it by plain name; HF configs asking for quantization or a foreign attention kern
 name (`refuse_optional_features`).
 
 Writing. Nothing the tool did not write is deleted or replaced:
-- an output directory is written into, file by file (each atomically), like `save_pretrained`; the
-  directories the tool creates carry a marker file, and `check_output_dir` refuses a non-empty
-  directory without it (unless the caller overwrites on purpose) and any input model directory;
+- a model directory is written as a new sibling and put in place in one atomic rename, so a kill
+  leaves the old model or the new one whole; the directories the tool writes carry a marker file
+  listing their files, and `check_output_dir` refuses one holding anything else, a non-empty
+  directory without the marker (unless the caller overwrites on purpose: then it is written into,
+  file by file, each atomically) and any input model directory;
 - an output file is written to a temporary file beside its target, then moved over it; a symlink is
   written through (its target is replaced, not the link), and anything but a regular file as the
   target (a directory, a device, a fifo) is refused; the CLI's --out replaces an existing file only
@@ -44,9 +46,9 @@ from engine.errors import ModelError, OutputError
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_JSON_BYTES = 16 * 2**20  # a config or record larger than this is not one
 MARKER = ".lmc-explorer-output"  # in every directory the tool creates: it may write there again
-MARKER_TEXT = "Written by LMC Explorer (python -m engine). Files of its own names here may be rewritten.\n"
-# Files a save writes; of these only stale weight shards and the tool's own extras are removed, and
-# only from a directory that carries the marker.
+MARKER_TEXT = "Written by LMC Explorer (python -m engine); a later save here replaces this directory whole.\n"
+FILES_LINE = "files: "  # the marker's second line: the files of the save (tab-separated)
+# Files a save writes (the CLI refuses to put a result file under these names).
 OWN_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "generation_config.json",
              "metrics.json")
 OWN_SHARDS = "model-*-of-*.safetensors"
@@ -406,8 +408,9 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
     """The directory a checkpoint will be written into (resolved), checked before any work.
 
     Refused: a path that is not a directory; a non-empty directory without the tool's marker (unless
-    `overwrite`: files of the tool's own names are then replaced, nothing else is touched); any of
-    the input model directories `inputs`, even with `overwrite`; an unwritable location.
+    `overwrite`: files of the tool's own names are then replaced, nothing else is touched); a
+    directory with the marker that holds files its last save did not write (it is replaced whole);
+    any of the input model directories `inputs`, even with `overwrite`; an unwritable location.
     """
     path = Path(path)
     label = f"{name} {path}"
@@ -427,6 +430,12 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
                 f"{label} already holds files the tool did not write ({shown}); choose a new or empty "
                 "directory, or pass --overwrite to replace only the files of a checkpoint there."
             )
+        if MARKER in entries:  # the tool's own directory: replaced whole, so nothing else may be in it
+            foreign = foreign_files(target)
+            if foreign:
+                shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+                raise OutputError(f"{label} was written by the tool but now also holds {shown}, which it did "
+                                  "not write; move them away or choose another directory.")
         for n in OWN_FILES:
             p = target / n
             if os.path.lexists(p) and not p.is_file():
@@ -440,10 +449,11 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
 # Writing
 
 
-def _new_file_mode() -> int:
+def _new_file_mode(full: int = 0o666) -> int:
+    """The mode a new file (0o666) or directory (0o777) gets under the process's umask."""
     mask = os.umask(0)
     os.umask(mask)
-    return 0o666 & ~mask
+    return full & ~mask
 
 
 def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
@@ -479,44 +489,87 @@ def write_json_atomic(file: Path, obj) -> Path:
     return write_file_atomic(Path(file), write)
 
 
-def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
-    """Run `fill` on a temporary directory inside `path`, then move each file it wrote into `path`.
+def foreign_files(path: Path) -> list[str]:
+    """Entries of a directory carrying the marker that its last save did not write (sorted). A marker
+    that lists no files (written before markers listed them) owns the checkpoint files of the tool's
+    own names."""
+    lines = (path / MARKER).read_text(errors="replace").splitlines()
+    listed = next((ln[len(FILES_LINE):].split("\t") for ln in lines if ln.startswith(FILES_LINE)), None)
+    own = set(listed) if listed is not None else set(OWN_FILES)
+    return sorted(p.name for p in path.iterdir()
+                  if p.name != MARKER and p.name not in own and not (listed is None and p.match(OWN_SHARDS)))
 
-    Like `save_pretrained`: the directory is written into, never swapped or emptied. Each file is
-    replaced atomically; a directory the tool creates (or finds empty) gets the marker; stale files of
-    the tool's own names (old weight shards, metrics of an earlier model) are removed only from a
-    directory that carries the marker. Files of other names are never touched.
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux renameat2 with RENAME_EXCHANGE); False where the
+    platform, kernel or file system cannot."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
+    """Run `fill` on a new sibling directory of `path`, then put it in the place of `path` in one step.
+
+    Transactional: a new or empty `path` becomes the sibling by one rename; the tool's own directory
+    (with the marker; `check_output_dir` refuses it when it holds anything its last save did not
+    write) is exchanged with the sibling in one atomic rename (renameat2; where the file system
+    cannot, two renames) and the old one removed, so a kill at any point leaves the old model or the
+    new one whole. The new marker lists the files written. Siblings left by earlier killed saves
+    (`.NAME.lmc-*`) are removed first. A directory the tool did not write (allowed by --overwrite) is
+    written into instead, file by file, each atomically; nothing else in it is touched or claimed.
     """
     path = _resolved(path)
     if os.path.lexists(path) and not path.is_dir():
         raise OutputError(f"Output directory {path} exists and is not a directory.")
     try:
-        fresh = not path.exists() or not any(path.iterdir())
-        path.mkdir(parents=True, exist_ok=True)
-        if fresh:
-            (path / MARKER).write_text(MARKER_TEXT)
-        tmp = Path(tempfile.mkdtemp(prefix=".lmc-save-", dir=path))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in sorted(path.parent.glob(f".{path.name}.lmc-*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        occupied = path.exists() and any(path.iterdir())
+        foreign_dir = occupied and not (path / MARKER).is_file()
+        new = Path(tempfile.mkdtemp(prefix=f".{path.name}.lmc-new-", dir=path.parent))
     except OSError as e:
         raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
     try:
-        fill(tmp)
-        written = sorted(p.name for p in tmp.iterdir() if p.is_file())
+        fill(new)
+        written = sorted(p.name for p in new.iterdir() if p.is_file())
         mode = _new_file_mode()  # writers of temporary files (safetensors) may leave them private
         for n in written:
-            dst = path / n
-            if os.path.lexists(dst) and not dst.is_file():
-                raise OutputError(f"Output directory {path}: {n} there is not a regular file; it was left alone.")
-            os.chmod(tmp / n, mode)
-            os.replace(tmp / n, dst)
-        if (path / MARKER).is_file():
-            stale = [path / n for n in OWN_FILES if n not in written] + list(path.glob(OWN_SHARDS))
-            for p in stale:
-                if p.name not in written and p.is_file() and not p.is_symlink():
-                    p.unlink()
+            os.chmod(new / n, mode)
+        if foreign_dir:
+            for n in written:
+                dst = path / n
+                if os.path.lexists(dst) and not dst.is_file():
+                    raise OutputError(f"Output directory {path}: {n} there is not a regular file; it was left alone.")
+                os.replace(new / n, dst)
+            return path
+        (new / MARKER).write_text(MARKER_TEXT + FILES_LINE + "\t".join(written) + "\n")
+        os.chmod(new, _new_file_mode(0o777))  # mkdtemp makes it private
+        if not occupied:
+            if path.exists():
+                path.rmdir()
+            os.rename(new, path)
+        elif not _exchange(new, path):  # after an exchange `new` holds the old model
+            old = Path(tempfile.mkdtemp(prefix=f".{path.name}.lmc-old-", dir=path.parent))
+            os.rmdir(old)
+            os.rename(path, old)
+            os.rename(new, path)
+            new = old
     except OSError as e:
         raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(new, ignore_errors=True)
     return path
 
 

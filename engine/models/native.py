@@ -192,7 +192,8 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
 def save_hf(module, path: Path) -> None:
     """`save_pretrained` (safetensors) into a temporary directory, then each file moved into `path`.
 
-    The directory is written into, never swapped or emptied (engine.models.io.write_into_dir).
+    The tool's own directory is replaced whole in one step; any other is written into, file by file
+    (engine.models.io.write_into_dir).
     """
     write_into_dir(path, lambda tmp: module.save_pretrained(str(tmp)))
 

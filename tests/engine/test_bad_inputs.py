@@ -539,18 +539,59 @@ def test_save_merged_keeps_user_files_and_rewrites_only_its_own(ctx, capsys):
     k = "embed.tok"
     want = 0.5 * (a.module.state_dict()[k] + b.module.state_dict()[k])
     assert torch.allclose(merged.module.state_dict()[k], want, rtol=0, atol=1e-6)
-    # A directory the tool created carries the marker and may be written again without --overwrite;
-    # a file of its own name left from an earlier save (metrics.json) goes, others' files stay.
+    # A directory the tool created carries the marker, lists its files, and is replaced whole by the next
+    # save (no --overwrite needed); once it holds anything else, a save there is refused, naming it.
     out = ctx.work / "merged"
-    assert main([A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64",
-                 "--save-merged", str(out)]) == 0
-    assert (out / MARKER).is_file()
+    run = [A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64", "--save-merged", str(out)]
+    assert main(run) == 0
+    assert (out / MARKER).read_text().splitlines()[1] == "files: config.json\tmodel.safetensors"
     (out / "metrics.json").write_text("{}")
     (out / "mine.txt").write_text("keep")
-    assert main([A, ctx.a, ctx.b, "--method", "naive", "--points", "2", "--eval-items", "64",
-                 "--save-merged", str(out), "--alpha", "0.25"]) == 0
-    assert not (out / "metrics.json").exists() and (out / "mine.txt").read_text() == "keep"
+    before = snapshot(out)
     capsys.readouterr()
+    assert main(run + ["--alpha", "0.25"]) == 2
+    assert "also holds metrics.json, mine.txt, which it did not write" in capsys.readouterr().err
+    assert snapshot(out) == before
+    (out / "metrics.json").unlink()
+    (out / "mine.txt").unlink()
+    assert main(run + ["--alpha", "0.25"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARKER, "config.json", "model.safetensors"])
+    assert not list(ctx.work.glob(".merged.lmc-*"))  # no sibling left behind
+    capsys.readouterr()
+
+
+_KILLED_SAVE = """
+import os, sys, torch
+from engine.models import io, load_model, save_model
+m = load_model(sys.argv[1])
+with torch.no_grad():
+    next(m.module.parameters()).add_(1.0)
+where = sys.argv[3]
+if where == "fill":  # dies after writing the config, before the weights
+    real = io.save_file
+    io.save_file = lambda *a, **k: os._exit(9)
+elif where == "swap":  # dies with the new directory complete, before it is put in place
+    io._exchange = lambda a, b: os._exit(9)
+    io.os.rename = lambda a, b: os._exit(9)
+save_model(m, sys.argv[2])
+"""
+
+
+@pytest.mark.parametrize("where", ["fill", "swap"])
+def test_a_save_killed_at_any_step_leaves_the_old_model_whole(where, ctx, capsys):
+    out = ctx.work / "merged"
+    save_model(load_model(ctx.a), out)
+    before = snapshot(out)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, ctx.a, str(out), where], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert snapshot(out) == before  # the old model, whole
+    assert list(ctx.work.glob(".merged.lmc-new-*"))  # the killed save's sibling is left ...
+    b = load_model(ctx.b)
+    save_model(b, out)  # ... and the next save to that place removes it
+    assert not list(ctx.work.glob(".merged.lmc-*"))
+    x = torch.randint(0, 256, (1, 8))
+    assert torch.equal(model_logits(load_model(out), x), model_logits(b, x))
 
 
 # ---------------------------------------------------------------------------------------------
