@@ -192,6 +192,16 @@ def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = Non
     return target
 
 
+def _not_a_zoo_name(path: Path, flag: str) -> None:
+    """A model written under a zoo model's bare name would be shadowed by it: every command reads that
+    name as the zoo model."""
+    from engine.zoo import ENTRIES
+
+    if str(path) in ENTRIES:
+        raise LMCError(f"{flag} {path} is the name of a zoo model, which every command would read instead of "
+                       "the directory; choose another name.")
+
+
 def _check_pair_args(args) -> tuple[list[Path], str]:
     """The two model directories and the resolved device; --out, --save-merged, --alpha checked."""
     from engine.results import resolve_device
@@ -205,6 +215,7 @@ def _check_pair_args(args) -> tuple[list[Path], str]:
         from engine.models.io import check_output_dir
 
         check_alpha(0.5 if args.alpha is None else args.alpha, args.extrapolate)
+        _not_a_zoo_name(merged, "--save-merged")
         check_output_dir(merged, args.overwrite, inputs=inputs, name="--save-merged directory")
     elif getattr(args, "alpha", None) is not None:
         raise LMCError("--alpha sets the position of the model saved with --save-merged; add --save-merged DIR.")
@@ -224,6 +235,7 @@ def cmd_train(args) -> None:
     from engine.models.io import check_output_dir
     from engine.train import LM_TRAIN, VIT_TRAIN, lm_config, train, vit_config
 
+    _not_a_zoo_name(args.out, "--out")
     check_output_dir(args.out, args.overwrite, name="--out directory")
     cfg = lm_config(args.pe) if args.task == "lm" else vit_config(args.pe)
     tc = LM_TRAIN if args.task == "lm" else VIT_TRAIN

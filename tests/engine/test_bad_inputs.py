@@ -291,6 +291,7 @@ CASES: dict[str, Case] = {
     "alpha-inf": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "inf"], "finite number"),
     "alpha-7": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "7"], "--extrapolate"),
     "alpha-negative": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "-0.5"], "outside [0, 1]"),
+    "save-merged-as-a-zoo-name": (lambda c: [A, c.a, c.b, "--save-merged", "lm-rope-s0"], "name of a zoo model"),
     "alpha-1e38-extrapolated": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "1e38", "--extrapolate"],
                                 "too far"),
     "alpha-overflows-the-weights": (lambda c: [A, c.a, _huge_weights(c), "--points", "2", "--eval-items", "128",
