@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
+from app import url_state
 from engine import api
 
 # Short labels fit the sidebar picker; long ones head the page.
@@ -69,18 +70,22 @@ def render() -> None:
     pairs = _zoo_pairs()
     with st.sidebar:
         st.header("Models")
+        url_state.bind("pair", "pair", [*pairs, CUSTOM])
         key = st.selectbox(
             "Pair", [*pairs, CUSTOM], key="pair",
             format_func=lambda k: pair_label(*pairs[k]) if k in pairs else "Two model directories…",
             help="Two zoo models with the same architecture, trained from different seeds.",
         )
         if key == CUSTOM:
+            url_state.bind("model_a_dir", "a")
+            url_state.bind("model_b_dir", "b")
             st.text_input("Model A directory", key="model_a_dir", placeholder="path/to/model_a")
             st.text_input("Model B directory", key="model_b_dir", placeholder="path/to/model_b")
         else:
             a, b = pairs[key]
             st.caption(f"A: `{a}`  \nB: `{b}`")
         names = methods()
+        url_state.bind("method", "method", list(names))
         st.selectbox("Alignment method", list(names), key="method", format_func=names.get,
                      help="How B is aligned onto A before interpolating (used by Run).")
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import downloads, messages, sidebar
+from app import downloads, messages, sidebar, url_state
 from app.figures import alignment as alignment_figs
 from app.figures import style
 from engine import api
@@ -59,6 +59,7 @@ def pick_record(sel: sidebar.Selection) -> dict | None:
         rec_cached = None
     rec_live = live(sel)
     if rec_cached and rec_live:
+        url_state.bind("align_source", "record", ["live", "cached"])
         source = st.radio("Record", ["live", "cached"], horizontal=True, key="align_source",
                           format_func={"live": "live run (Connectivity page)", "cached": "cached result"}.get)
         return rec_live if source == "live" else rec_cached
@@ -200,6 +201,8 @@ def unmatched(rec: dict) -> str:
 
 def layer_detail(rec: dict, element: dict, colour: str) -> None:
     arch, layers, used = rec["arch"], element["layers"], rec["alignment"].get("classes", [])
+    if len(layers) > 1:
+        url_state.bind("align_layer", "layer", range(len(layers)), int)
     i = st.select_slider("Layer", list(range(len(layers))), key="align_layer") if len(layers) > 1 else 0
     L = layers[i]
     group = alignment_figs.group_name(arch["n_kv_heads"], arch["n_heads"])
@@ -341,6 +344,7 @@ elif rec is not None:
     classes_table(rec)
     element = rec["alignment"]["element"]
     if rec["alignment"].get("element_a"):
+        url_state.bind("align_side", "side", list(SIDES))
         side = st.radio("Transform", list(SIDES), format_func=SIDES.get, horizontal=True, key="align_side",
                         help="Dual matching moves both models toward a shared path; interpolating between "
                              "g_A·θ_A and g_B·θ_B is the same as between θ_A and g_A⁻¹ g_B·θ_B.")
@@ -353,8 +357,9 @@ elif rec is not None:
             del st.session_state["align_layer"]
     # Only the open tab runs (a tab switch reruns the page): a page switch builds, sends and draws its charts
     # alone, not every tab's (4 of 9 charts for weight matching, 2 of 4 for naive).
-    tab_all, tab_layer, tab_opt, tab_ablation = st.tabs(["All layers", "One layer", "Method diagnostics",
-                                                         "Class ablation"], key="align_tab", on_change="rerun")
+    tabs = ["All layers", "One layer", "Method diagnostics", "Class ablation"]
+    url_state.bind("align_tab", "tab", tabs)
+    tab_all, tab_layer, tab_opt, tab_ablation = st.tabs(tabs, key="align_tab", on_change="rerun")
     if tab_all.open:
         with tab_all:
             overview(rec, element, colour, names)

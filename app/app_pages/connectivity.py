@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import downloads, exports, live_run, messages, sidebar
+from app import downloads, exports, live_run, messages, sidebar, url_state
 from app.figures import path as path_figs
 from app.figures import style
 from engine import api
@@ -66,8 +66,9 @@ def eval_items_picker(sel: sidebar.Selection) -> int | None:
 
 
 def points_picker() -> int:
+    url_state.bind("path_points", "points", POINTS, int, default=DEFAULT_POINTS)
     return st.select_slider(
-        "Points on λ", POINTS, value=DEFAULT_POINTS, key="path_points",
+        "Points on λ", POINTS, key="path_points",
         help="Evenly spaced points from λ = 0 to 1, the endpoints included; the time of the path grows with "
              "them. The barrier is read on these points: fewer can miss the peak.")
 
@@ -232,10 +233,12 @@ with left:
         charts.show(path_figs.barrier_figure(cached, live, "Loss along the linear path", names, highlight=sel.method,
                                              log_y=log_y, show_train=show_train), key="barrier_chart")
         toggles = st.columns(2)
+        url_state.bind("log_y", "log", kind=bool)
         toggles[0].toggle("Log scale", key="log_y",
                           help="Loss on a log axis: a high barrier leaves the endpoints readable.")
         if any_train:
-            toggles[1].toggle("Show train curves", value=True, key="show_train",
+            url_state.bind("show_train", "train", kind=bool, default=True)
+            toggles[1].toggle("Show train curves", key="show_train",
                               help="The same points on a sample of the train split, thin and dotted: a barrier on "
                                    "both splits is one of the loss landscape, not of generalisation.")
         summary_table(cached, live, names)

@@ -14,7 +14,7 @@ from pathlib import PurePath
 
 import streamlit as st
 
-from app import downloads, exports, sidebar
+from app import downloads, exports, sidebar, url_state
 from app.figures import path as path_figs
 from app.figures import runs as run_figs
 from app.figures import style
@@ -232,6 +232,7 @@ if chosen:
 
 st.subheader("Open a run")
 if shown:
+    url_state.bind("runs_open", "run", shown)
     keep_valid("runs_open", shown)
     run_id = st.selectbox("Run", shown, key="runs_open", format_func=lambda i: label(by_id[i], names))
     open_section(by_id[run_id], names, charts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import downloads, messages, sidebar
+from app import downloads, messages, sidebar, url_state
 from app.figures import style
 from app.figures import symmetry as symmetry_figs
 from engine import api
@@ -76,6 +76,7 @@ def precomputed(name: str, stamp: int) -> bool:
 def pick_target() -> tuple[str, bool, int] | None:
     """(target, dims_only, stamp) from the pickers, or None while there is nothing to diagnose."""
     left, right = st.columns([2, 3], gap="large")
+    url_state.bind("sym_source", "source", list(SOURCES))
     source = left.radio("Diagnose", list(SOURCES), format_func=SOURCES.get, horizontal=True, key="sym_source")
     with right:
         return _pick(source)
@@ -83,10 +84,13 @@ def pick_target() -> tuple[str, bool, int] | None:
 
 def _pick(source: str) -> tuple[str, bool, int] | None:
     if source == "preset":
+        url_state.bind("sym_preset", "preset", list(PRESETS))
         name = st.selectbox("Preset", list(PRESETS), key="sym_preset",
                             help="Published shapes as config dicts: group dimensions only, no weights.")
         return name, True, 0
     if source == "dir":
+        url_state.bind("sym_dir", "dir")
+        url_state.bind("sym_dims_only", "dims", kind=bool)
         path = st.text_input("Model directory", key="sym_dir", placeholder="path/to/model",
                              help="A directory with config.json (and model.safetensors for the checks).").strip()
         dims_only = st.checkbox("Dimensions only (config.json, no checks)", key="sym_dims_only")
@@ -96,7 +100,8 @@ def _pick(source: str) -> tuple[str, bool, int] | None:
         st.info("The zoo is not built yet: `python -m engine zoo build` trains it into assets/zoo/.")
         return None
     a = sidebar.selection().model_a
-    name = st.selectbox("Zoo model", names, index=names.index(a) if a in names else 0, key="sym_model",
+    url_state.bind("sym_model", "model", names, default=a if a in names else names[0])
+    name = st.selectbox("Zoo model", names, key="sym_model",
                         help="The sidebar's model A by default.")
     return name, False, api.symmetry_stamp(name)
 
@@ -323,7 +328,8 @@ with st.expander("Four positional encodings, four symmetry groups", expanded=Fal
     st.markdown(INTRO)
     st.caption(NOTES)
 
-mode = st.segmented_control("View", ["one", "side"], default="one", key="sym_mode", required=True,
+url_state.bind("sym_mode", "view", ["one", "side"], default="one")
+mode = st.segmented_control("View", ["one", "side"], key="sym_mode", required=True,
                             format_func={"one": "One model", "side": "Side by side"}.get)
 if mode == "side":
     side_by_side()
