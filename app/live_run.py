@@ -6,8 +6,9 @@ polls it (a fragment rerun every POLL_S seconds while it runs) and draws its lat
 worker never touches streamlit: it writes its progress, result or error into the LiveRun under a
 lock, and the page reads a Snapshot.
 
-Stopping: the Stop button, a new run, leaving the page and the end of the session set the run's
-CancelToken (engine.cancel). The engine checks it before every layer, step, evaluation batch and
+A run outlives its page: on the other pages the sidebar shows its progress and a Stop button, and
+the Connectivity page draws its curve when the user returns. Stopping: the Stop button, a new run
+(after a confirmation) and the end of the session set the run's CancelToken (engine.cancel). The engine checks it before every layer, step, evaluation batch and
 grid point, so the worker ends, and the CPU falls idle, within one unit of work. A session counts
 as ended once streamlit has held it disconnected for SESSION_GRACE_S (a tab closed; a brief network
 drop reconnects to the same session and keeps its run).

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app import url_state
+from app import live_run, url_state
 from engine import api
 
 # Short labels fit the sidebar picker; long ones head the page.
@@ -100,3 +100,27 @@ def selection() -> Selection:
         return Selection(a, b, method, None, "Two model directories", custom=True)
     a, b = _zoo_pairs()[key]
     return Selection(a, b, method, api.ENTRIES[a].task, pair_title(a, b), custom=False)
+
+
+def live_run_panel() -> None:
+    """The session's live run, on the pages other than Connectivity: where it is, the time left and
+    Stop, redrawn every live_run.POLL_S seconds while it goes; its curve waits on the Connectivity page."""
+    run = live_run.current(st.session_state)
+    if run is None or (run.snapshot().finished and run.collected):
+        return
+
+    @st.fragment(run_every=live_run.POLL_S if run.running else None)
+    def panel() -> None:
+        snap = run.snapshot()
+        with st.container(border=True):
+            st.markdown(f"**Live run**: {methods().get(snap.cfg.method, snap.cfg.method)}")
+            st.caption(live_run.headline(snap))
+            if not snap.finished and snap.current is not None:
+                st.progress(snap.current.fraction, text=live_run.PHASE_LABELS.get(snap.current.phase, snap.current.phase))
+                st.button("Stop", key="sidebar_stop", on_click=run.stop, disabled=snap.state == "stopping",
+                          width="stretch", icon=":material/stop_circle:")
+            elif snap.finished:
+                st.caption("Its curve is on the Connectivity page." if snap.state == "done" else snap.message)
+
+    with st.sidebar:
+        panel()

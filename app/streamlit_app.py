@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app import live_run, sidebar, url_state
+from app import sidebar, url_state
 from engine.api import return_freed_memory
 
 return_freed_memory()  # large freed tensors go back to the OS: live runs do not ratchet memory up
@@ -29,9 +29,9 @@ page = st.navigation([
     st.Page("app_pages/symmetry.py", title="Symmetry", icon=":material/change_circle:"),
     st.Page("app_pages/runs.py", title="Runs", icon=":material/history:"),
 ])
-if page.url_path != connectivity.url_path:  # nobody watches a live run from another page: stop it
-    live_run.stop(st.session_state, "stopped because its page was left")
 url_state.begin()
 sidebar.render()
+if page.url_path != connectivity.url_path:  # a live run goes on while the user looks elsewhere
+    sidebar.live_run_panel()
 page.run()
 url_state.publish()  # the view in the URL: a reload or a pasted link opens it again (app/url_state.py)

@@ -183,6 +183,7 @@ description = messages.check_pair(sel)  # from the configs: a pair that cannot w
 if description:
     st.caption(f"Model A `{api.display_name(sel.model_a)}`, model B `{api.display_name(sel.model_b)}`: "
                f"{description}")
+CONFIRM = "confirm_new_run"  # set when Run is pressed while a run goes on: the page asks first
 names = sidebar.methods()
 live_runs = st.session_state.setdefault("live_runs", {})  # (model_a, model_b) -> {method: record}
 run = live_run.current(st.session_state)
@@ -215,9 +216,20 @@ with right, st.container(border=True):
     estimates = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else {}
     clicked = st.button("Run", key="run", type="primary", disabled=not ready, width="stretch",
                         help=f"Interpolate with {names.get(sel.method, sel.method)} on the chosen subset; "
-                             "a run still going is stopped first.")
-    if clicked:
+                             "a run still going is stopped first, once you confirm.")
+    if clicked and run is not None and run.running:
+        st.session_state[CONFIRM] = True
+    elif clicked:
         run = live_run.start(st.session_state, cfg, estimates)
+    if st.session_state.get(CONFIRM) and ready:
+        st.warning("A run is still going: starting this one stops it.")
+        yes, no = st.columns(2)
+        if yes.button("Stop it, run this", key="confirm_run", width="stretch"):
+            st.session_state.pop(CONFIRM)
+            run = live_run.start(st.session_state, cfg, estimates)
+        elif no.button("Keep it", key="keep_run", width="stretch"):
+            st.session_state.pop(CONFIRM)
+            st.rerun()
     if ready and (run is None or not run.running):
         st.caption(live_run.before_run(estimates, sel.method) or
                    "No earlier run of this architecture and method to estimate the time from: the bars tell "

@@ -225,7 +225,12 @@ def test_a_new_run_stops_the_one_going(at):
     at.selectbox(key="method").select("naive").run()
     at.select_slider(key="eval_items_lm").set_value(1024).run()
     assert first.running  # changing the pickers leaves the run alone
+    at.button(key="run").click().run()  # the page asks first; "Keep it" leaves the run going
+    assert at.session_state["live_run"] is first and at.warning[0].value.startswith("A run is still going")
+    at.button(key="keep_run").click().run()
+    assert first.running and not at.warning
     at.button(key="run").click().run()
+    at.button(key="confirm_run").click().run()
     second = at.session_state["live_run"]
     assert second is not first
     assert first.join(STOP_S)
@@ -236,12 +241,15 @@ def test_a_new_run_stops_the_one_going(at):
     assert at.session_state["live_runs"][UNCACHED_PAIR]["naive"]["eval_tokens"] == 1024
 
 
-def test_leaving_the_page_stops_the_run(at):
+def test_a_run_outlives_its_page_and_the_sidebar_can_stop_it(at):
     run = start_long_run(at)
     wait_for(run, "load", 2)
     at.switch_page("app_pages/symmetry.py").run()
+    assert not at.exception and run.running  # another page: the run goes on ...
+    assert any(m.value.startswith("**Live run**") for m in at.sidebar.markdown)
+    at.sidebar.button(key="sidebar_stop").click().run()  # ... and the sidebar stops it
     assert run.join(STOP_S)
-    assert run.snapshot().message.startswith("The run was stopped because its page was left during")
+    assert run.snapshot().message.startswith("The run was stopped on request during")
 
 
 def test_the_time_a_run_takes_is_said_before_it_starts(at):
