@@ -60,7 +60,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
 FAMILY_LABELS = {"reference": "reference", "hf_gpt2": "GPT-2", "hf_llama": "Llama", "hf_qwen2": "Qwen2",
-                 "hf_mistral": "Mistral", "hf_neox": "GPT-NeoX", "timm_vit": "ViT"}
+                 "hf_qwen3": "Qwen3", "hf_mistral": "Mistral", "hf_neox": "GPT-NeoX", "timm_vit": "ViT"}
 TASK_LABELS = {"lm": "LM", "vit": "ViT"}
 PE_NAMES = {"none": "no positional encoding", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
 
@@ -86,7 +86,7 @@ class ModelInfo:
         a = self.arch
         return (f"{self.label}, {a.n_layers} layers, D = {a.d_model:,}, {a.n_heads} heads"
                 + (f" ({a.n_kv_heads} KV groups)" if a.n_kv_heads < a.n_heads else "")
-                + f", {PE_NAMES.get(a.pe, a.pe)}")
+                + f", {PE_NAMES.get(a.pe, a.pe)}" + (" with QK-norm" if a.qk_norm else ""))
 
 
 
@@ -236,6 +236,12 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     device = resolve_device(cfg.device)
     info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
     path_a, path_b = info_a.path, info_b.path
+    if cfg.path == "circuits":
+        from engine.circuits import circuit_refusal
+
+        why = circuit_refusal(info_a.arch)
+        if why:
+            raise LMCError(f"The circuit path is not defined for {cfg.model_a}: {why}.")
     if save_merged is not None:
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
@@ -308,6 +314,79 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
     return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check,
                        **extra)
+
+
+PLANE_EVAL_ITEMS = 8_192  # the loss plane evaluates GRID^2 points: 8,192 tokens (or every test image) each
+
+
+def plane_pair(model_a: str, model_b: str, method: str = "weight", grid: int | None = None,
+               eval_items: int | None = PLANE_EVAL_ITEMS, split: str = "test", steps: int = 0, seed: int = 0,
+               dtype: str = "float32", progress: Callable | None = None, cancel: CancelToken | None = None) -> dict:
+    """The loss over the plane through A, B and B aligned by `method` (engine.plane), as a record:
+    the grid's coordinates and losses, where the three models sit, the evaluation set and provenance."""
+    from engine.align import METHODS
+    from engine.plane import GRID, plane_of
+    from engine.results import provenance
+
+    if method not in METHODS:
+        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    if method == "naive":
+        raise LMCError("The loss plane needs an aligning method: naive leaves B where it is, so A, B and "
+                       "aligned B span no plane.")
+    check_pair(model_a, model_b)
+    a, b = load_named(model_a, dtype), load_named(model_b, dtype)
+    check_same_architecture(a, b)
+    es = eval_set_for(a, split, eval_items)
+    out = plane_of(a, b, method, es, grid or GRID, steps=steps, seed=seed, progress=progress, cancel=cancel)
+    return {"kind": "loss_plane", "model_a": display_name(model_a), "model_b": display_name(model_b), **out,
+            "eval_set": es.description, "task": a.arch.task, "provenance": provenance("cpu", dtype),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+PLANE_METHOD = "weight"  # the store's planes: data-free, seconds per pair, the classic picture
+
+
+def plane_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "plane"
+
+
+def plane_file(model_a: str, model_b: str, method: str = PLANE_METHOD, root: Path | None = None) -> Path:
+    return plane_dir(root) / f"{model_a}__{model_b}__{method}.json"
+
+
+def plane_record(model_a: str, model_b: str, method: str = PLANE_METHOD, root: Path | None = None) -> dict | None:
+    """The stored loss plane of a zoo pair and method, or None when it has not been built."""
+    from engine.models.io import read_json_object
+
+    f = plane_file(model_a, model_b, method, root)
+    return read_json_object(f, max_bytes=None) if f.is_file() else None
+
+
+def build_planes(only: list[tuple[str, str]] | None = None, force: bool = False,
+                 log: Callable[[str], None] | None = None) -> list[dict]:
+    """The loss plane (weight matching, PLANE_EVAL_ITEMS, an 11 x 11 grid) of every zoo pair into the
+    store's plane/ directory; a pair whose plane is there is kept unless `force`."""
+    import json
+
+    from engine.models.io import check_output_dir, write_file_atomic
+
+    todo = list(only if only is not None else pairs())
+    check_output_dir(plane_dir(), overwrite=True, name="Plane store")
+    out = []
+    for a, b in todo:
+        old = None if force else plane_record(a, b)
+        if old is not None:
+            out.append(old)
+            continue
+        if log:
+            log(f"plane: {a} / {b}")
+        rec = plane_pair(a, b, PLANE_METHOD)
+        f = plane_file(a, b)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(rec, indent=1, allow_nan=False) + "\n"
+        write_file_atomic(f, lambda tmp, text=text: tmp.write_text(text))
+        out.append(rec)
+    return out
 
 
 def merged_format(a: Model, merged: Model, rewrite: str) -> str:
@@ -486,17 +565,22 @@ def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None)
 
 # The Symmetry page's data for one model, preset config or directory; the zoo's are precomputed by
 # `cache build` into cached_results/symmetry/ so the page opens at once (recomputed when the weights change).
+PE_CASES = ("none", "learned", "sinusoidal", "rope", "rope_qk_norm")  # dims_by_pe's keys
+
+
 def dims_by_pe(arch: Arch) -> dict[str, dict]:
-    """group_dimension of `arch`'s shape under each positional encoding (RoPE rotating whole heads)."""
+    """group_dimension of `arch`'s shape under each positional encoding (RoPE rotating whole heads), and under
+    RoPE with QK-norm (`rope_qk_norm`: queries and keys normalised per head before RoPE, as in Qwen3)."""
     from engine.groups import group_dimension
 
     out = {}
-    for pe in ("none", "learned", "sinusoidal", "rope"):
-        rope = pe == "rope"
-        out[pe] = group_dimension(replace(
-            arch, pe=pe, rotary_dim=(arch.rotary_dim or arch.d_head) if rope else 0,
+    for case in PE_CASES:
+        pe = case.removesuffix("_qk_norm")
+        rope, qk_norm = pe == "rope", case == "rope_qk_norm"  # QK-norm is described with whole-head RoPE only
+        out[case] = group_dimension(replace(
+            arch, pe=pe, rotary_dim=(arch.d_head if qk_norm else arch.rotary_dim or arch.d_head) if rope else 0,
             rope_layout=(arch.rope_layout or "interleaved") if rope else None,
-            rope_base=(arch.rope_base or 10000.0) if rope else arch.rope_base))
+            rope_base=(arch.rope_base or 10000.0) if rope else arch.rope_base, qk_norm=qk_norm))
     return out
 
 
@@ -553,8 +637,9 @@ def symmetry_view(target: str | dict, dims_only: bool = False, precomputed: bool
         model_info(target)
         if precomputed and not dims_only and target in ENTRIES:
             view = _precomputed_symmetry(target)
-            if view is not None:
-                return {k: v for k, v in view.items() if k != "weights_sha256"} | {"precomputed": True}
+            if view is not None:  # by_pe from the formulas, not the store: every case of PE_CASES
+                return {k: v for k, v in view.items() if k != "weights_sha256"} | {
+                    "by_pe": dims_by_pe(Arch(**view["report"]["arch"])), "precomputed": True}
     rep = symmetry_report(target, dims_only=dims_only)
     spectrum = None
     if rep.get("sinusoidal"):

@@ -158,12 +158,15 @@ def _print_classes(rec: dict) -> None:
 def _is_record(f: Path) -> bool:
     """Whether `f` holds a result record (load_record accepts it); a file not starting with '{' is read
     no further, so a large foreign file costs one byte."""
+    from engine.models.io import read_json_object
     from engine.results import load_record
 
     try:
         with open(f, "rb") as fh:
             if fh.read(1) != b"{":
                 return False
+        if read_json_object(f, max_bytes=None).get("kind") == "loss_plane":  # `plane --out`
+            return True
         load_record(f)
     except (OSError, LMCError):
         return False
@@ -380,6 +383,14 @@ def cmd_cache(args) -> None:
         out = build_ablation(only=only, force=args.force, log=lambda s: print(s, file=sys.stderr))
         print(f"{sum(len(a['runs']) for a in out)} ablation run(s) for {len(out)} pair(s) in {ablation_dir()}")
         return
+    if args.planes:
+        from engine.api import build_planes, plane_dir
+
+        if args.methods is not None:
+            raise LMCError("--methods does not apply to `cache build --planes`: the planes use weight matching.")
+        out = build_planes(only=only, force=args.force, log=lambda s: print(s, file=sys.stderr))
+        print(f"{len(out)} loss plane(s) in {plane_dir()}")
+        return
     from engine.api import build_symmetry, symmetry_dir
 
     names = sorted({n for p in only for n in p})
@@ -459,6 +470,39 @@ def cmd_runs(args) -> None:
             history.own_file(i)
         for i in ids:
             print(f"deleted run {i} ({history.delete_run(i)})")
+
+
+def cmd_plane(args) -> None:
+    from engine.api import plane_pair
+    from engine.models.io import write_file_atomic
+    from engine.zoo import resolve
+
+    inputs = [resolve(args.model_a), resolve(args.model_b)]
+    _check_out(args.out, inputs, None)
+    bars = _progress_bar("plane")
+    try:
+        rec = plane_pair(args.model_a, args.model_b, args.method, args.grid, args.eval_items, args.split, args.steps,
+                         args.seed, progress=lambda done, total, msg: bars(_Tick("loss plane", done, total, msg)))
+    finally:
+        bars.close()
+    p, ax = rec["points"], rec["axes"]
+    print(f"loss plane through {rec['model_a']}, {rec['model_b']} and B aligned by {rec['method']} "
+          f"({len(rec['x'])} x {len(rec['y'])} points, {rec['eval_set']})")
+    print(f"A at (0, 0), aligned B at ({p['B_aligned'][0]:.3f}, 0), B at ({p['B'][0]:.3f}, {p['B'][1]:.3f}); "
+          f"|A - aligned B| {ax['norm_d1']:.3f} against |A - B| {math.hypot(ax['c'], ax['w']):.3f}")
+    flat = [v for row in rec["loss"] for v in row]
+    print(f"loss from {min(flat):.4f} to {max(flat):.4f}  ({rec['seconds']:.1f} s)")
+    if args.out:
+        text = json.dumps(rec, indent=1, allow_nan=False) + "\n"
+        write_file_atomic(Path(args.out), lambda tmp: tmp.write_text(text))
+        print(f"wrote {args.out}")
+
+
+class _Tick:
+    """A progress update for _PhaseBars from a (done, total, message) callback."""
+
+    def __init__(self, phase: str, done: int, total: int, message: str):
+        self.phase, self.done, self.total, self.message = phase, done, total, message
 
 
 def cmd_symmetry(args) -> None:
@@ -617,6 +661,21 @@ def parser() -> argparse.ArgumentParser:
                    help="let --save-merged write into a non-empty directory the tool did not create")
     p.set_defaults(fn=cmd_align)
 
+    p = sub.add_parser("plane", help="the loss over the plane through A, B and B aligned (a contour map's data)")
+    p.add_argument("model_a", type=_path, help="zoo name (see `zoo list`) or model directory")
+    p.add_argument("model_b", type=_path, help="zoo name or model directory")
+    p.add_argument("--method", default="weight", choices=[m for m in METHODS if m != "naive"])
+    p.add_argument("--grid", type=_int_in(3, 41, "grid points per axis"), default=11,
+                   help="points per axis (the plane costs grid^2 evaluations)")
+    p.add_argument("--eval-items", type=_items, default=8192,
+                   help="scored tokens (LM) or images (ViT) per grid point, or 'all' (default 8,192)")
+    p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
+    p.add_argument("--steps", type=_int_in(0, MAX_STEPS, "optimisation steps; 0 for the method's default"), default=0,
+                   help="learned / dual optimisation steps (0: the method's default)")
+    p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
+    p.add_argument("--out", type=_path, default=None, help="write the plane (JSON) here")
+    p.set_defaults(fn=cmd_plane)
+
     from engine.api import DEFAULT_EVAL_ITEMS
 
     p = sub.add_parser("cache", help="precompute cached_results/ for every zoo pair")
@@ -629,6 +688,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation", action="store_true",
                    help="build the class ablation instead (weight matching with each symmetry class alone and all "
                         "together, 8,192 items at 11 points) into cached_results/ablation/")
+    p.add_argument("--planes", action="store_true",
+                   help="build the loss planes instead (A, B and B weight-matched; 11 x 11 points of 8,192 items) "
+                        "into cached_results/plane/")
     p.add_argument("--symmetry", action="store_true",
                    help="build only the zoo's symmetry reports (cached_results/symmetry/; a plain build writes them "
                         "too)")

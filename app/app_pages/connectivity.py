@@ -119,6 +119,29 @@ def live_panel() -> None:
         st.warning(snap.message)
 
 
+def plane_section(sel: sidebar.Selection, names: dict[str, str], charts: downloads.Charts) -> None:
+    """The loss over the plane through A, B and weight-matched B, from the store (zoo pairs)."""
+    if sel.custom:
+        return
+    try:
+        plane = api.plane_record(sel.model_a, sel.model_b)
+    except api.LMCError as e:
+        messages.error(e)
+        return
+    with st.expander("Loss plane: A, B and aligned B", icon=":material/landscape:", expanded=False):
+        if plane is None:
+            st.caption("No loss plane is stored for this pair: `python -m engine plane A B` computes one, "
+                       "`python -m engine cache build --planes` the zoo's.")
+            return
+        p = plane["points"]
+        st.caption(f"The loss over the plane through A, B and B {names.get(plane['method'], plane['method']).lower()}"
+                   f" onto A ({plane['eval_set']}). B and aligned B compute one function, in two places of "
+                   f"weight space: aligned B lies {p['B_aligned'][0]:.1f} from A, B "
+                   f"{(p['B'][0] ** 2 + p['B'][1] ** 2) ** 0.5:.1f}. Dashed: the naive segment from A to B; "
+                   "solid: the aligned one.")
+        charts.show(path_figs.plane_figure(plane, names), key="plane_chart")
+
+
 def export_section(cached: list[dict], live: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
     """Downloads: one record and its group element, every curve as CSV, every figure as HTML."""
     curves = [(r, path_figs.curve_name(r, names), "cached") for r in cached] + \
@@ -261,6 +284,7 @@ with left:
             st.caption(eval_caption(cached) + " The sidebar's method is drawn thick."
                        + (" Dotted: the train curves." if any_train else " These records hold the test split only."))
         export_section(cached, live, names, charts)
+    plane_section(sel, names, charts)
 
 st.subheader("The model zoo")
 rows = api.zoo_manifest()

@@ -227,3 +227,35 @@ def _common_layout(title: str) -> dict:
         "margin": {"l": 10, "r": 10, "t": 50 if title else 20, "b": 10},
         "height": 420,
     }
+
+
+def plane_figure(plane: dict, method_names: dict[str, str] | None = None) -> go.Figure:
+    """The loss over the plane through A, B and aligned B (engine.plane): a contour map with the naive
+    segment A-B (dashed) and the aligned segment A-B' drawn on it, the three models marked."""
+    names = method_names or {}
+    unit = "nats/image" if plane.get("task") == "vit" else loss_unit(plane)
+    p = plane["points"]
+    method = plane["method"]
+    fig = go.Figure(go.Contour(
+        x=plane["x"], y=plane["y"], z=plane["loss"], colorscale="Viridis", ncontours=24,
+        colorbar={"title": {"text": f"loss ({unit})", "side": "right"}},
+        hovertemplate=f"x %{{x:.2f}}, y %{{y:.2f}}: %{{z:.4f}} {unit}<extra></extra>",
+    ))
+    for end, name, colour, dash in ((p["B"], "naive: A to B", method_colour("naive"), "dash"),
+                                    (p["B_aligned"], f"{names.get(method, method)}: A to aligned B",
+                                     method_colour(method), "solid")):
+        fig.add_trace(go.Scatter(x=[p["A"][0], end[0]], y=[p["A"][1], end[1]], mode="lines", name=name,
+                                 line={"color": colour, "width": 3, "dash": dash}, hoverinfo="skip"))
+    fig.add_trace(go.Scatter(
+        x=[p["A"][0], p["B"][0], p["B_aligned"][0]], y=[p["A"][1], p["B"][1], p["B_aligned"][1]],
+        mode="markers+text", text=["A", "B", "aligned B"], textposition="top center", name="models",
+        marker={"size": 12, "color": "white", "line": {"color": "black", "width": 2}},
+        textfont={"color": "white", "size": 14}, hoverinfo="text", showlegend=False,
+    ))
+    fig.update_layout(
+        xaxis={"title": {"text": "along A → aligned B (weight-space distance)"}, "constrain": "domain"},
+        yaxis={"title": {"text": "toward B, orthogonal"}, "scaleanchor": "x", "scaleratio": 1},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "xanchor": "left", "x": 0},
+        margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=520,
+    )
+    return fig

@@ -220,3 +220,27 @@ def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
     unit = style.loss_unit(cached_record(*pair, methods[0], CACHE))
     train = any("train_loss" in cached_record(*pair, m, CACHE) for m in methods)  # records rebuilt since train curves
     assert fig["layout"]["yaxis"]["title"]["text"] == f"{'Loss' if train else 'Test loss'} ({unit})"
+
+
+def test_the_stored_loss_plane_is_drawn_with_both_segments(tiny_env, monkeypatch, tmp_path):
+    import json
+
+    from engine.api import plane_file, plane_pair
+
+    store = tmp_path / "store"
+    shutil.copytree(tiny_env[1], store)
+    monkeypatch.setenv("LMC_CACHE_DIR", str(store))
+    at = page()
+    assert not at.exception and "No loss plane is stored" in " ".join(c.value for c in at.caption)
+    plane = plane_pair(*CACHED_PAIRS[0], "weight", grid=3, eval_items=256)
+    f = plane_file(*CACHED_PAIRS[0], root=store)
+    f.parent.mkdir(parents=True)
+    f.write_text(json.dumps(plane))
+    at = page()
+    fig = chart(at, "plane_chart")
+    contour = fig["data"][0]
+    assert contour["type"] == "contour" and [list(r) for r in contour["z"]] == plane["loss"]
+    segments = {t["name"]: (list(t["x"]), list(t["y"])) for t in fig["data"][1:3]}
+    p = plane["points"]
+    assert segments["naive: A to B"] == ([0.0, p["B"][0]], [0.0, p["B"][1]])
+    assert segments[f"{methods()['weight']}: A to aligned B"] == ([0.0, p["B_aligned"][0]], [0.0, 0.0])
