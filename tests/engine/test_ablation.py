@@ -1,15 +1,10 @@
 """`cache build --ablation`: weight matching with each symmetry class alone and all together, beside
 naive, per zoo pair, into cached_results/ablation/; resumable run by run."""
 
-import sys
-from pathlib import Path
-
 import pytest
+from tiny_zoo import CACHED_PAIRS, build_zoo
 
 from engine import api
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from tiny_zoo import CACHED_PAIRS, build_zoo
 
 PAIR = CACHED_PAIRS[0]
 

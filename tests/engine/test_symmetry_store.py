@@ -1,16 +1,11 @@
 """The zoo's symmetry views, precomputed by `cache build` into cached_results/symmetry/ and read back
 at once; a changed model is computed again, a custom directory always is."""
 
-import sys
-from pathlib import Path
-
 import pytest
+from tiny_zoo import build_zoo
 
 from engine import api
 from engine.report import plain_statement
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "app"))
-from tiny_zoo import build_zoo
 
 
 @pytest.fixture
