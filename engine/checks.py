@@ -3,7 +3,8 @@
 - invariance checks: k random elements of each group kind, the largest relative change of the logits;
   translations (key bias, value-bias folding, learned-PE shift) too;
 - break tests: maps from larger groups that are NOT symmetries (GL(d) on a RoPE model's Q/K, the other
-  pairing's commutant, orthogonal Q/K maps, GL(D) on the residual, scaling a non-homogeneous MLP) and
+  pairing's commutant, orthogonal Q/K maps, GL(D) on the residual, scaling a non-homogeneous MLP; under
+  QK-norm also the plain RoPE commutant on W_Q / W_K and gain scalings the group does not hold) and
   how much they change the output;
 - RoPE breaking strength per frequency pair against omega * context, measured on the model too;
 - the group dimension measured as the nullity of the Jacobian of the logits w.r.t. the parameters,
@@ -25,7 +26,7 @@ from engine.groups import group_dimension
 from engine.models import canonical, model_logits, set_canonical
 from engine.models.base import Arch, Model, Params
 from engine.models.reference import RefConfig, build, rope_frequencies, rope_pairs
-from engine.spec import build_spec
+from engine.spec import build_spec, is_qk_gain
 from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
 from engine.symmetry import (
     GroupElement,
@@ -276,6 +277,59 @@ def _with_layers(g: GroupElement, **parts: Callable[[int], Tensor]) -> GroupElem
     return GroupElement(layers, g.residual)
 
 
+def _plain_qk(arch: Arch, params: Params, qk: Callable[[int], Tensor]) -> Params:
+    """Q/K maps A [h_kv, d, d] per layer acting as on a model without QK-norm: W_Q A, W_K A^{-T} (biases
+    too), the QK-norm gains left as they are (the break tests of a QK-norm model, docs/MATH.md section 1)."""
+    rep, p = arch.n_heads // arch.n_kv_heads, dict(params)
+    for i in range(arch.n_layers):
+        b, A = f"blocks.{i}.attn", qk(i).to(torch.float64)  # [h_kv, d, d]
+        for key, M in (("Q", A.repeat_interleave(rep, 0)), ("K", torch.linalg.inv(A).mT)):  # [h or h_kv, d, d]
+            W = params[f"{b}.W_{key}"]
+            p[f"{b}.W_{key}"] = (W.to(torch.float64) @ M).to(W.dtype)  # [n, D, d]
+            if f"{b}.b_{key}" in params:
+                bias = params[f"{b}.b_{key}"]
+                p[f"{b}.b_{key}"] = (bias.to(torch.float64)[:, None] @ M).squeeze(1).to(bias.dtype)  # [n, d]
+    return p
+
+
+def _qk_norm_breaks(arch: Arch, params: Params, gen: torch.Generator) -> list[tuple[str, str, Arch, Params, str]]:
+    """Under QK-norm: the plain RoPE commutant's phases and moduli on W_Q / W_K, gain scales that differ
+    within a pair, a quarter turn in one KV group only (docs/MATH.md section 1, QK-norm)."""
+    hkv, d, r, L = arch.n_kv_heads, arch.d_head, arch.rotary_dim, arch.n_layers
+    n = r // 2
+    out = []
+
+    def phase(i: int) -> Tensor:  # unit moduli, random phases, per KV group: orthogonal on every pair
+        ang = (torch.rand(hkv, n, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pi  # [h_kv, r/2]
+        return rope_commutant(torch.polar(torch.ones_like(ang), ang), arch.rope_layout, d)
+
+    def modulus(i: int) -> Tensor:  # positive real scalars, per KV group
+        mod = ((torch.rand(hkv, n, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()  # [h_kv, r/2]
+        return rope_commutant(torch.complex(mod, torch.zeros_like(mod)), arch.rope_layout, d)
+
+    out.append(("qk_rope_phase", "RoPE commutant phases on W_Q / W_K (orthogonal, commutes with the norm)", arch,
+                _plain_qk(arch, params, phase), "the gains differ within a pair, so a phase does not pass them"))
+    out.append(("qk_rope_modulus", "RoPE commutant moduli on W_Q / W_K, per KV group", arch,
+                _plain_qk(arch, params, modulus), "scaling before the norm: the norm divides most of it away"))
+    p = dict(params)
+    for i in range(L):
+        c = ((torch.rand(d, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()  # [d], not constant on pairs
+        for key, s in (("q_norm", c), ("k_norm", 1 / c)):
+            g = params[f"blocks.{i}.attn.{key}.g"]
+            p[f"blocks.{i}.attn.{key}.g"] = g * s.to(g.dtype)
+    out.append(("qk_gain_within_pair", "q / k gains scaled by c and 1/c unequal within a RoPE pair", arch, p, ""))
+    if hkv > 1:  # a quarter turn of pair 0 in KV group 0 only: the shared gains swap for every group
+        def turn(i: int) -> Tensor:
+            z = torch.ones(hkv, n, dtype=torch.complex128)
+            z[0, 0] = 1j
+            return rope_commutant(z, arch.rope_layout, d)  # [h_kv, d, d]
+
+        out.append(("qk_turn_one_kv_group", "a quarter turn of one RoPE pair in one KV group only", arch,
+                    apply(arch, _with_layers(identity(arch), qk=turn), params, strict=False),
+                    "the gains are shared, so the pair's orientation must be too"))
+    return out
+
+
 def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, str, Arch, Params | None, str]]:
     """(name, description, arch, transformed params or None, note) for every break test of `arch`."""
     gen = torch.Generator().manual_seed(seed)
@@ -286,9 +340,12 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
     def act(g: GroupElement, a: Arch = arch, p: Params = params) -> Params:
         return apply(a, g, p, strict=False)
 
+    def qk(maps: Callable[[int], Tensor]) -> Params:  # under QK-norm as on W_Q / W_K without it
+        return _plain_qk(arch, params, maps) if arch.qk_norm else act(_with_layers(e, qk=maps))
+
     if arch.pe == "rope":
-        out.append(("qk_gl", f"GL({d}) on Q/K of a RoPE model", arch,
-                    act(_with_layers(e, qk=lambda i: random_gl(d, hkv, gen))), ""))
+        model = "QK-norm" if arch.qk_norm else "RoPE"
+        out.append(("qk_gl", f"GL({d}) on Q/K of a {model} model", arch, qk(lambda i: random_gl(d, hkv, gen)), ""))
         other = "half" if arch.rope_layout == "interleaved" else "interleaved"
         def pairs(layout: str) -> set[tuple[int, int]]:
             return set(zip(*(ix.tolist() for ix in rope_pairs(r, layout))))
@@ -298,10 +355,11 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
                 mod = ((torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()
                 ph = (torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pi
                 return rope_commutant(torch.polar(mod, ph), other, d)  # [h_kv, d, d]
-            out.append(("qk_other_layout", f"RoPE commutant of the {other} pairing", arch,
-                        act(_with_layers(e, qk=wrong)), ""))
-        out.append(("qk_orthogonal", "orthogonal Q/K maps on a RoPE model", arch,
-                    act(_with_layers(e, qk=lambda i: random_orthogonal(d, hkv, gen))), ""))
+            out.append(("qk_other_layout", f"RoPE commutant of the {other} pairing", arch, qk(wrong), ""))
+        out.append(("qk_orthogonal", f"orthogonal Q/K maps on a {model} model", arch,
+                    qk(lambda i: random_orthogonal(d, hkv, gen)), ""))
+    if arch.qk_norm:
+        out += _qk_norm_breaks(arch, params, gen)
     try:
         a2, p2, note = _residual_ready(arch, params)
         M = random_gl(arch.d_model, 1, gen)[0]  # [D, D] not orthogonal: norms do not commute with it
@@ -436,8 +494,8 @@ def jacobian_nullity(model: Model, seed: int = 0, rtol: float = 1e-9, oversample
     a2, p2, _ = _residual_ready(arch, theta)
     geo = reference_config_from_arch(a2, **_geometry(m64, theta))
     module = build(geo, dtype=torch.float64).module
-    fixed = {k: v for k, v in p2.items() if k.endswith(".g")}
-    keys = [k for k in p2 if not k.endswith(".g")]
+    fixed = {k: v for k, v in p2.items() if k.endswith(".g") and not is_qk_gain(k)}  # QK-norm gains stay free
+    keys = [k for k in p2 if k not in fixed]
     n = sum(p2[k].numel() for k in keys)
     x = _covering_inputs(a2, int(oversample * n), torch.Generator().manual_seed(seed), geo)
 

@@ -23,6 +23,9 @@ each half of the doubled head must rotate with the endpoints' own frequencies. T
 rotary tables hold the endpoints' r/2 frequencies twice, and the columns are laid out so that
 doubled pair j < r/2 carries A's pair j and pair r/2 + j carries B's pair j (for either pairing
 layout, partial RoPE included: the unrotated dims of A and then B follow the 2r rotated ones).
+
+QK-norm: the score is no longer the bilinear form M_i of the weights (a per-head RMSNorm sits between
+x W_Q and the product), so a QK-norm model has no circuit path and is refused (`circuit_refusal`).
 """
 
 from __future__ import annotations
@@ -35,12 +38,20 @@ from torch import Tensor
 
 from engine.errors import LMCError
 from engine.models import Model, canonical
-from engine.models.base import Params, check_same_architecture
+from engine.models.base import Arch, Params, check_same_architecture
 from engine.models.reference import RefConfig, Transformer, rope_frequencies, rope_pairs
 from engine.results import PATHS
 
-__all__ = ["PATHS", "CircuitPath", "doubled_config", "half_columns"]
+__all__ = ["PATHS", "CircuitPath", "circuit_refusal", "doubled_config", "half_columns"]
 ATTN = ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V")  # the factored head weights the circuit path replaces
+
+
+def circuit_refusal(arch: Arch) -> str | None:
+    """Why `arch` has no circuit path, or None."""
+    if arch.qk_norm:
+        return ("its QK-norm normalises each head's queries and keys before the product, so attention scores are "
+                "not the bilinear circuits W_Q W_K^T the circuit path interpolates")
+    return None
 
 
 def half_columns(d: int, r: int, layout: str | None) -> tuple[Tensor, Tensor]:
@@ -83,6 +94,9 @@ class CircuitPath:
 
     def __init__(self, a: Model, b: Model, device: str | torch.device | None = None):
         check_same_architecture(a, b)
+        why = circuit_refusal(a.arch)
+        if why:
+            raise LMCError(f"The circuit path is not defined for {a.name or a.family}: {why}.")
         self.a, self.b = a, b
         self._pa, self._pb = canonical(a, copy=False), canonical(b, copy=False)  # views where the layout allows
         p = next(iter(self._pa.values()))

@@ -24,9 +24,11 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
 
     Counted for the folded form (RMSNorm gains in the readers; LayerNorm rewritten as RMSNorm), with
     the logits as the function (the log-softmax would add the head's constant-column gauge).
-      qk   h_kv (r + (d - r)^2)   GL(d) without RoPE (r = 0), H(r) x GL(d - r) with it
+      qk   h_kv (r + (d - r)^2)   GL(d) without RoPE (r = 0), H(r) x GL(d - r) with it;
+           d / 2 with QK-norm     one gain scale per frequency pair and layer, shared by every head
       vo   h_kv d^2
-      key_bias    h_kv (d - r)   b_K + t on unrotated dims (per KV group: docs/MATH.md section 7)
+      key_bias    h_kv (d - r)   b_K + t on unrotated dims (per KV group: docs/MATH.md section 7); none with
+                                 QK-norm (the norm sees the shift)
       value_bias  h_kv d         b_V + t folded into b_O (needs b_O)
       mlp_scale   m              ReLU or SwiGLU
       residual_orth  D(D-1)/2    O(D); sinusoidal: only rotations fixing P_sin's row differences are exact
@@ -39,9 +41,9 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     check_arch(arch)
     D, hkv, d, m, r, L = arch.d_model, arch.n_kv_heads, arch.d_head, arch.d_mlp, arch.rotary_dim, arch.n_layers
     centred = arch.norm == "layernorm" if centred is None else centred
-    qk = hkv * (r + (d - r) ** 2)
+    qk = r // 2 if arch.qk_norm else hkv * (r + (d - r) ** 2)  # QK-norm: docs/MATH.md section 1
     vo = hkv * d * d
-    kb = hkv * (d - r) if arch.attn_bias else 0
+    kb = hkv * (d - r) if arch.attn_bias and not arch.qk_norm else 0
     vb = hkv * d if arch.attn_bias and arch.out_bias else 0
     ms = m if arch.mlp in ("relu", "swiglu") else 0
     gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.mlp == "swiglu" else 1) if centred else 0

@@ -81,6 +81,7 @@ def format_report(report: dict) -> str:
     lines = [f"{report['model']} ({report['family']}): {a['task']}, {a['n_layers']} layers, D={a['d_model']}, "
              f"h={a['n_heads']} (kv {a['n_kv_heads']}), d={a['d_head']}, m={a['d_mlp']}, pe={a['pe']}"
              + (f" ({a['rope_layout']}, rotary {a['rotary_dim']})" if a["pe"] == "rope" else "")
+             + (", QK-norm" if a.get("qk_norm") else "")
              + f", {a['norm']}, {a['mlp']}"]
 
     def table(title: str, rows: list[dict]) -> None:

@@ -11,7 +11,9 @@ Group classes (`KINDS`, what a user restricts to) and the structure of each grou
     heads          S_h permutation of query heads; under GQA it maps KV groups to KV groups
     mlp            S_m permutation of hidden neurons; SwiGLU gate and up share it
     mlp_scale      ReLU: positive per-neuron scaling; SwiGLU: nonzero scaling of the up branch
-    qk             per KV group A: GL(d) without RoPE, RoPE commutant H(r) x GL(d - r) with RoPE
+    qk             per KV group A: GL(d) without RoPE, RoPE commutant H(r) x GL(d - r) with RoPE; with
+                   QK-norm the monomial maps of H(d): one modulus and orientation per pair for the
+                   whole layer (they move the q/k norm gains), a sign per pair and KV group
     vo             per KV group B: GL(d)
     residual_perm  permutation of the residual stream (norm gains and LayerNorm biases follow)
     residual_orth  O(D) on the residual stream, exact once norm gains are folded into the readers
@@ -25,6 +27,9 @@ Each parameter axis carries a tuple of `AxisAction`s. Roles, all acting on the a
     scale        x <- x * s        (ReLU / SwiGLU-up columns)
     inv_scale    x <- x / s        (the matching rows of W_out)
     norm         norm gain or LayerNorm bias: follows a residual permutation; must be folded otherwise
+    right_sign   x <- x sign(M)    (QK-norm: W_Q and W_K move by M's signed permutation alone)
+    right_abs    x <- x |M|        (QK-norm: the q_norm gain takes M's moduli, entrywise |M|)
+    right_inv_t_abs  x <- x |M^{-T}|  (QK-norm: the k_norm gain)
 
 `by_axis` names the axis whose (already permuted) index selects one matrix of a stack (one A per
 KV group), `per` how many consecutive indices of that axis share one matrix (h / h_kv query heads).
@@ -38,8 +43,10 @@ from engine.errors import SpecError
 from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Params
 
 KINDS = ("heads", "mlp", "mlp_scale", "qk", "vo", "residual_perm", "residual_orth")
-STRUCTURES = ("permutation", "orthogonal", "gl", "rope_commutant", "positive_scaling", "nonzero_scaling")
-ROLES = ("perm", "perm_kv", "right", "right_inv_t", "scale", "inv_scale", "norm")
+STRUCTURES = ("permutation", "orthogonal", "gl", "rope_commutant", "rope_qk_norm", "positive_scaling",
+              "nonzero_scaling")
+ROLES = ("perm", "perm_kv", "right", "right_inv_t", "scale", "inv_scale", "norm", "right_sign", "right_abs",
+         "right_inv_t_abs")
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,7 @@ class Group:
     n: int  # copies (h_kv for one A per KV group, 1 otherwise)
     size: int  # dimension of the space acted on (h, d, m or D)
     layer: int | None
-    rope_layout: str | None = None  # rope_commutant only
+    rope_layout: str | None = None  # rope_commutant and rope_qk_norm only
     rotary_dim: int = 0  # rope_commutant: H(r) on the first r dims, GL(d - r) on the rest
     exact: bool = True  # False: allowed, but not a symmetry of this model (sinusoidal residual)
 
@@ -103,6 +110,9 @@ class Spec:
         if kind == "mlp_scale":
             return "positive neuron scaling" if a.mlp == "relu" else "nonzero up-branch scaling"
         if kind == "qk":
+            if a.qk_norm:
+                return (f"QK-norm: RoPE commutant maps that are scaled signed permutations, {d // 2} gain "
+                        "scales and pair orientations per layer, a sign per pair and KV group")
             if a.pe != "rope":
                 return f"GL({d}) per KV group"
             lay = f"RoPE commutant H({r}), {a.rope_layout} pairs"
@@ -141,6 +151,8 @@ def check_arch(arch: Arch) -> None:
         need(arch.rotary_dim == 0, f"rotary_dim is {arch.rotary_dim} without RoPE")
     need(not arch.tied_embeddings or arch.task == "lm", "only a language model can tie its embeddings")
     need(not arch.norm_bias or arch.norm == "layernorm", "RMSNorm has no bias")
+    need(not arch.qk_norm or (arch.pe == "rope" and arch.rotary_dim == arch.d_head),
+         "QK-norm is described with RoPE on the whole head only (as in Qwen3)")
 
 
 def arch_kinds(arch: Arch) -> tuple[str, ...]:
@@ -190,6 +202,9 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         H, KV = AxisAction(f"{b}.heads", "perm"), AxisAction(f"{b}.heads", "perm_kv")
         A_q = AxisAction(f"{b}.qk", "right", by_axis=0, per=rep)  # W_Q^i <- W_Q^{sigma(i)} A_{g(i)}
         A_k = AxisAction(f"{b}.qk", "right_inv_t", by_axis=0)  # W_K^g <- W_K^{tau(g)} A_g^{-T}
+        if arch.qk_norm:  # docs/MATH.md section 1, QK-norm: W_Q, W_K move by sign(A) (= sign(A)^{-T}), gains by |A|
+            A_q = AxisAction(f"{b}.qk", "right_sign", by_axis=0, per=rep)
+            A_k = AxisAction(f"{b}.qk", "right_sign", by_axis=0)
         B_v = AxisAction(f"{b}.vo", "right", by_axis=0)  # W_V^g <- W_V^{tau(g)} B_g
         B_o = AxisAction(f"{b}.vo", "right_inv_t", by_axis=0, per=rep)  # W_O^i <- B_{g(i)}^{-1} W_O^{sigma(i)}
         Pm, S, Si = AxisAction(f"{b}.mlp", "perm"), AxisAction(f"{b}.mlp_scale", "scale"), AxisAction(
@@ -199,6 +214,9 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         out[f"{b}.attn.W_K"] = ((hkv, D, d), ((KV,), (Rd,), (A_k,)))
         out[f"{b}.attn.W_V"] = ((hkv, D, d), ((KV,), (Rd,), (B_v,)))
         out[f"{b}.attn.W_O"] = ((h, d, D), ((H,), (B_o,), (W,)))
+        if arch.qk_norm:
+            out[f"{b}.attn.q_norm.g"] = ((d,), ((AxisAction(f"{b}.qk", "right_abs"),),))
+            out[f"{b}.attn.k_norm.g"] = ((d,), ((AxisAction(f"{b}.qk", "right_inv_t_abs"),),))
         if arch.attn_bias:
             out[f"{b}.attn.b_Q"] = ((h, d), ((H,), (A_q,)))
             out[f"{b}.attn.b_K"] = ((hkv, d), ((KV,), (A_k,)))
@@ -226,10 +244,16 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
 
 
 def norms_are_folded(arch: Arch, params: Params) -> bool:
-    """RMSNorm whose every gain is exactly 1: the residual stream may be rotated (docs/MATH.md section 3)."""
+    """RMSNorm whose every gain is exactly 1: the residual stream may be rotated (docs/MATH.md section 3).
+    QK-norm gains act in head space, not on the residual stream: they are not counted."""
     if arch.norm != "rmsnorm":
         return False
-    return all(bool((v == 1).all()) for k, v in params.items() if k.endswith(".g"))
+    return all(bool((v == 1).all()) for k, v in params.items() if k.endswith(".g") and not is_qk_gain(k))
+
+
+def is_qk_gain(key: str) -> bool:
+    """A QK-norm gain (`blocks.l.attn.q_norm.g`, `.k_norm.g`): in head space, never folded into a reader."""
+    return key.endswith((".attn.q_norm.g", ".attn.k_norm.g"))
 
 
 def build_spec(arch: Arch, params: Params) -> Spec:
@@ -261,7 +285,10 @@ def build_spec(arch: Arch, params: Params) -> Spec:
     for layer in range(a.n_layers):
         b = f"blocks.{layer}"
         groups[f"{b}.heads"] = Group(f"{b}.heads", ("heads",), "permutation", 1, a.n_heads, layer)
-        if a.pe == "rope":
+        if a.qk_norm:
+            groups[f"{b}.qk"] = Group(f"{b}.qk", ("qk",), "rope_qk_norm", a.n_kv_heads, a.d_head, layer,
+                                      rope_layout=a.rope_layout, rotary_dim=a.rotary_dim)
+        elif a.pe == "rope":
             groups[f"{b}.qk"] = Group(f"{b}.qk", ("qk",), "rope_commutant", a.n_kv_heads, a.d_head, layer,
                                       rope_layout=a.rope_layout, rotary_dim=a.rotary_dim)
         else:

@@ -9,6 +9,8 @@
 
 Residual rotations (engine/symmetry.py) need one of the first two first: an RMSNorm with unit gains
 commutes with every orthogonal map of the stream, a gain or a LayerNorm's centring does not.
+QK-norm gains (`attn.q_norm.g`, `attn.k_norm.g`) act in head space, after the readers: neither rewrite
+touches them.
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         "rope_layout": a.rope_layout or "interleaved", "rotary_dim": a.rotary_dim, "rope_base": a.rope_base,
         "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "qkv_bias": a.attn_bias and not bias,
         "head_bias": a.head_bias,
-        "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual,
+        "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual, "qk_norm": a.qk_norm,
     }
     if a.task == "lm":
         kw.update(vocab_size=a.n_out, n_ctx=a.n_ctx)

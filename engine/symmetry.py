@@ -10,6 +10,9 @@ Convention (docs/MATH.md, notation and section 1), theta -> g.theta, new index i
     W_in[:, j] <- W_in[:, pi(j)] s_j        W_gate[:, j] <- W_gate[:, pi(j)]      W_out[j] <- W_out[pi(j)] / s_j
     writers W <- W Omega                    readers W <- Omega^T W  (Omega^{-1} W in general)
 
+QK-norm (docs/MATH.md section 1): A_c is a scaled signed permutation in the RoPE commutant, with the same
+|A_c| in every KV group; W_Q, b_Q, W_K, b_K move by sign(A_c) and the q / k norm gains by |A| and |A^{-T}|.
+
 The per-parameter bookkeeping comes from the spec (engine/spec.py); this file only knows how each
 role transforms an axis. A `GroupElement` restricted to some kinds is the identity on the others.
 
@@ -41,9 +44,12 @@ __all__ = [
     "identity",
     "invert",
     "layer_maps",
+    "qk_norm_part",
     "rope_commutant",
     "sample",
 ]
+
+MAP_ROLES = ("right", "right_inv_t", "right_sign", "right_abs", "right_inv_t_abs")  # x <- x M, M by role
 
 # Sampled elements have singular values in [e^-0.5, e^0.5] (condition number <= e): far enough from
 # the identity to test anything, close enough that float64 round trips stay at 1e-14.
@@ -127,11 +133,19 @@ def rope_commutant(z: Tensor, layout: str, d: int) -> Tensor:
 
 
 def _sample_qk(arch: Arch, gen: torch.Generator) -> Tensor:
-    """A per KV group: GL(d) without RoPE, H(r) x GL(d - r) with it (docs/MATH.md section 1)."""
+    """A per KV group: GL(d) without RoPE, H(r) x GL(d - r) with it; with QK-norm pair scalars
+    z_cj = s_cj m_j i^(k_j), a sign per KV group and pair, a modulus and a quarter turn per pair (docs/MATH.md
+    section 1)."""
     hkv, d = arch.n_kv_heads, arch.d_head
     if arch.pe != "rope":
         return random_gl(d, hkv, gen)
     r = arch.rotary_dim
+    if arch.qk_norm:
+        mod = ((torch.rand(r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD).exp()  # [r/2]
+        turn = torch.randint(0, 4, (r // 2,), generator=gen)  # [r/2] quarter turns, the same in every KV group
+        flip = torch.randint(0, 2, (hkv, r // 2), generator=gen)  # [h_kv, r/2] a half turn per KV group
+        z = torch.polar(mod.expand(hkv, -1), (turn + 2 * flip).to(torch.float64) * (torch.pi / 2))  # [h_kv, r/2]
+        return _clean_quarter_turns(rope_commutant(z, arch.rope_layout, d))  # [h_kv, d, d]
     mod = ((torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD).exp()  # [h_kv, r/2]
     phase = (torch.rand(hkv, r // 2, generator=gen, dtype=torch.float64) * 2 - 1) * torch.pi  # [h_kv, r/2]
     A = rope_commutant(torch.polar(mod, phase), arch.rope_layout, d)  # [h_kv, d, d]
@@ -218,6 +232,27 @@ def _is_perm_matrix(M: Tensor) -> bool:
     return bool(((M == 0) | (M == 1)).all()) and bool((M.sum(0) == 1).all()) and bool((M.sum(1) == 1).all())
 
 
+def _clean_quarter_turns(A: Tensor) -> Tensor:
+    """cos and sin of multiples of pi/2 are 0 only up to 6e-17: make those entries exactly 0 (a monomial A)."""
+    return torch.where(A.abs() > 1e-12 * A.abs().amax((-2, -1), keepdim=True), A, torch.zeros_like(A))
+
+
+def monomial_mask(A: Tensor, tol: float = 1e-9) -> Tensor:
+    """Entries of A [..., d, d] above tol times the largest of their matrix: where a monomial A is nonzero."""
+    return A.abs() > tol * A.abs().amax((-2, -1), keepdim=True)
+
+
+def qk_norm_part(A: Tensor, inv_t: Tensor | None = None) -> dict[str, Tensor]:
+    """What a QK-norm model takes of its Q/K map A [h_kv, d, d] (docs/MATH.md section 1, QK-norm): W_Q and
+    W_K move by sign(A), a signed permutation per KV group, the q_norm gain by |A| and the k_norm gain by
+    |A^{-T}| (`inv_t`, computed when not given), both read from KV group 0 (the group holds the same |A| in
+    every KV group). Differentiable in A."""
+    mask = monomial_mask(A.detach())
+    inv_t = torch.linalg.inv(A).mT if inv_t is None else inv_t  # [h_kv, d, d]
+    return {"right_sign": torch.where(mask, A.detach().sign(), 0.0), "right_abs": A[0].abs() * mask[0],
+            "right_inv_t_abs": inv_t[0].abs() * mask[0]}
+
+
 def rope_commutant_part(A: Tensor, layout: str, r: int) -> Tensor:
     """The projection of A [..., d, d] onto H(r) x GL(d - r): what of A a RoPE model keeps."""
     i1, i2 = rope_pairs(r, layout)
@@ -225,6 +260,15 @@ def rope_commutant_part(A: Tensor, layout: str, r: int) -> Tensor:
     P = rope_commutant(z, layout, A.shape[-1])  # [..., d, d]
     P[..., r:, r:] = A[..., r:, r:]
     return P
+
+
+def _is_qk_norm_map(A: Tensor, tol: float) -> bool:
+    """A [h_kv, d, d] (already in the RoPE commutant) is monomial, with the same |A| in every KV group."""
+    mask = monomial_mask(A, tol)
+    P = A.abs() * mask  # [h_kv, d, d]
+    one_per_row = bool((mask.sum(-1) == 1).all()) and bool((mask.sum(-2) == 1).all())
+    small = float((A.abs() * ~mask).max()) <= tol * float(A.abs().max())
+    return one_per_row and small and float((P - P[:1]).abs().max()) <= tol * float(P.max())
 
 
 def _check_membership(spec: Spec, g: GroupElement) -> None:
@@ -243,6 +287,10 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
             if float(off) > tol * float(A.abs().max()):
                 raise SpecError(f"Layer {i}: the qk map does not commute with the {arch.rope_layout} RoPE rotations "
                                 "(it must be one complex scalar per frequency pair, docs/MATH.md section 1).")
+        if arch.qk_norm and not _is_qk_norm_map(el.qk.to(torch.float64), tol):
+            raise SpecError(f"Layer {i}: under QK-norm the qk map must scale and turn each RoPE pair by a positive "
+                            "multiple of 1, i, -1 or -i, with the same modulus and quarter turn in every KV group "
+                            "(docs/MATH.md section 1, QK-norm).")
         s = el.mlp_scale
         if arch.mlp == "relu" and not bool((s > 0).all()):
             raise SpecError(f"Layer {i}: ReLU neurons only allow positive scales (docs/MATH.md section 2).")
@@ -303,13 +351,18 @@ def layer_maps(layer: int, el: LayerElement) -> dict[str, dict[str, Tensor] | No
     eye_d = torch.eye(A.shape[-1], dtype=wide, device=A.device).expand_as(A)  # [h_kv, d, d]
     hp, mp, sc = el.head_perm, el.mlp_perm, el.mlp_scale.to(wide)
     return {
-        f"{b}.qk": None if torch.equal(A, eye_d) else {"right": A, "right_inv_t": torch.linalg.inv(A).mT},
+        f"{b}.qk": None if torch.equal(A, eye_d) else _qk_maps(A),
         f"{b}.vo": None if torch.equal(B, eye_d) else {"right": B, "right_inv_t": torch.linalg.inv(B).mT},
         f"{b}.heads": None if torch.equal(hp, torch.arange(len(hp), device=hp.device)) else {
             "perm": hp, "perm_kv": el.kv_perm},
         f"{b}.mlp": None if torch.equal(mp, torch.arange(len(mp), device=mp.device)) else {"perm": mp},
         f"{b}.mlp_scale": None if bool((sc == 1).all()) else {"scale": sc},
     }
+
+
+def _qk_maps(A: Tensor) -> dict[str, Tensor]:
+    inv_t = torch.linalg.inv(A).mT  # [h_kv, d, d]
+    return {"right": A, "right_inv_t": inv_t, **qk_norm_part(A, inv_t)}
 
 
 def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> Tensor:
@@ -331,7 +384,7 @@ def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> 
                 continue
             if "index" in m:  # residual permutation: writers, readers (Omega^{-T} = Omega), norms
                 x = x.index_select(axis, m["index"].to(x.device))
-            elif a.role in ("right", "right_inv_t"):
+            elif a.role in MAP_ROLES:
                 x = _right(x, axis, m[a.role].to(x.dtype), a.by_axis, a.per)
             elif a.role == "scale":
                 x = x * _along(m["scale"].to(x.dtype), x, axis)

@@ -1,7 +1,7 @@
 """Symmetry: which weight changes leave a Transformer's function unchanged, and how the positional
 encoding shapes that group.
 
-Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2). With weights the engine
+Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2, Qwen3). With weights the engine
 checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
 the break tests (maps from larger groups that must change them); a config alone gives the group
 dimensions, instantly. All numbers come from `engine.report.symmetry_report` (docs/MATH.md;
@@ -31,6 +31,10 @@ PRESETS = {
                                     "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
                                     "max_position_embeddings": 4096, "vocab_size": 32000, "rms_norm_eps": 1e-5,
                                     "rope_theta": 10000.0},
+    "Qwen3-8B (QK-norm)": {"model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+                           "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                           "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
+                           "rope_theta": 1000000.0},
 }
 SOURCES = {"zoo": "Zoo model", "dir": "Model directory", "preset": "Preset config"}
 
@@ -48,6 +52,7 @@ decides much of it:
 | learned | GL(d): d² | GL(d): d² | O(D), plus a shift of the embeddings | the table is added before attention, so attention keeps the vanilla group; a constant moved from the token to the position embeddings cancels |
 | sinusoidal | GL(d): d² | GL(d): d² | approximate | the fixed table writes into the residual stream and cannot move: Ω must fix the differences of its rows |
 | RoPE | one complex scalar per frequency pair: d | GL(d): d² | O(D) | the rotation R(n − m) sits between q and k; only maps commuting with every such rotation survive |
+| RoPE + QK-norm (Qwen3) | one positive scale per frequency pair, for the whole layer: d/2 | GL(d): d² | O(D) | an RMSNorm over each head's q and k sits before RoPE and commutes only with orthogonal maps, so of each complex scalar only a quarter turn (and a sign per KV group) acts on the weights; its modulus moves into the q and k norm gains, which every head shares |
 """
 
 NOTES = """
@@ -136,6 +141,7 @@ def run(target: str, dims_only: bool, stamp: int) -> dict | None:
 
 def arch_line(a: dict) -> str:
     rope = f", {a['rope_layout']} pairs, {a['rotary_dim']} of {a['d_head']} dims rotated" if a["pe"] == "rope" else ""
+    rope += ", QK-norm" if a.get("qk_norm") else ""
     kv = f" ({a['n_kv_heads']} KV groups)" if a["n_kv_heads"] < a["n_heads"] else ""
     return (f"{a['family']} {a['task'].upper() if a['task'] == 'lm' else 'ViT'}: {a['n_layers']} layers, "
             f"D = {a['d_model']:,}, h = {a['n_heads']}{kv} heads of d = {a['d_head']}, MLP {a['d_mlp']:,} "
@@ -211,9 +217,14 @@ def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
         charts.show(symmetry_figs.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
     for note in gd.get("notes", []):
         st.caption(f"Note: {note}.")
+    if a.get("qk_norm"):
+        st.caption(f"QK-norm: the Q/K part is {a['d_head'] // 2} per layer, not per KV group: one positive scale per "
+                   "RoPE pair, carried by the q and k norm gains that every head shares. The quarter turns and signs "
+                   "that also survive are discrete (docs/MATH.md section 1).")
     st.markdown(f"**The same shape under each positional encoding.** RoPE shrinks the Q/K part from "
-                f"d² = {a['d_head'] ** 2:,} to d = {a['d_head']} per KV group; a sinusoidal table leaves only "
-                "the rotations fixing its row differences; a learned table adds a shift of the embeddings.")
+                f"d² = {a['d_head'] ** 2:,} to d = {a['d_head']} per KV group, and QK-norm (RoPE + QK-norm) to "
+                f"d/2 = {a['d_head'] // 2} per layer; a sinusoidal table leaves only the rotations fixing its row "
+                "differences; a learned table adds a shift of the embeddings.")
     charts.show(symmetry_figs.pe_comparison_figure(by_pe), key="pe_chart")
 
 
@@ -324,7 +335,7 @@ def side_by_side() -> None:
 st.title("Symmetry")
 st.caption("Which weight changes leave a Transformer's function unchanged, checked numerically, and how the "
            "positional encoding changes that group.")
-with st.expander("Four positional encodings, four symmetry groups", expanded=False):
+with st.expander("Four positional encodings, four symmetry groups (and QK-norm)", expanded=False):
     st.markdown(INTRO)
     st.caption(NOTES)
 

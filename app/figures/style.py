@@ -76,8 +76,11 @@ CLASS_LABELS = {
     "qk": PART_LABELS["qk"], "vo": PART_LABELS["vo"], "residual_perm": "residual permutation",
     "residual_orth": PART_LABELS["residual_orth"],
 }
-PE_COLOURS = {"none": "#BAB0AC", "learned": "#4C78A8", "sinusoidal": "#F58518", "rope": "#E45756"}
-PE_NAMES = {"none": "NoPE", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE"}
+# rope_qk_norm: RoPE with QK-norm, a case of the Symmetry page's comparison (engine.api.dims_by_pe), not an Arch.pe
+PE_COLOURS = {"none": "#BAB0AC", "learned": "#4C78A8", "sinusoidal": "#F58518", "rope": "#E45756",
+              "rope_qk_norm": "#9D2B2B"}
+PE_NAMES = {"none": "NoPE", "learned": "learned PE", "sinusoidal": "sinusoidal PE", "rope": "RoPE",
+            "rope_qk_norm": "RoPE + QK-norm"}
 REL_CHANGE_AXIS = "Largest relative logit change ‖f(g·θ) − f(θ)‖ / ‖f(θ)‖"
 LOG_FLOOR = 1e-18  # a change of exactly 0 is drawn here on log axes (the hover gives the true value)
 

@@ -10,7 +10,8 @@ solving for, so one pass suffices (no coordinate descent):
     heads      sigma on ||pattern_i^A - pattern_j^B||^2 + ||z_i^A - z_j^B Omega||^2: attention
                patterns are invariant to A_i, head outputs z_i = softmax(..) V_i W_O^i to B_i
     qk         A per KV group from the query / key activations (before RoPE), the same GL / RoPE
-               problem as weight matching with activations as rows
+               problem as weight matching with activations as rows; under QK-norm the normalised q, k
+               (gains included) move by the whole map, and the QK-norm group is fitted on them
     vo         B per KV group: the GL problem of weight matching (W_V moving by B, W_O^T by B^{-T}), in
                A's residual frame; value activations can leave it unbounded (see the code)
     mlp        pi on the correlation of hidden activations (after the nonlinearity); with mlp_scale
@@ -46,7 +47,7 @@ from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import CancelToken, check
 from engine.evaluate import seq_len
 from engine.models.base import Arch, Params
-from engine.models.reference import mlp_activation, rotate
+from engine.models.reference import head_norm, mlp_activation, rotate
 from engine.progress import Progress
 from engine.symmetry import GroupElement, LayerElement
 
@@ -111,8 +112,8 @@ def boundary_rows(x: Tensor) -> Tensor:
 
 
 def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict[str, Tensor]:
-    """q, k (before RoPE), v [B, n, T, d], patterns [B, h, T, T] and the heads' mixed values o
-    [B*T, h*d] (head i's output is z_i = o_i W_O^i; never formed: head_output_inner)."""
+    """q, k (before RoPE; after the QK-norm when there is one), v [B, n, T, d], patterns [B, h, T, T] and
+    the heads' mixed values o [B*T, h*d] (head i's output is z_i = o_i W_O^i; never formed: head_output_inner)."""
     b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
     proj = {}
     for r in "QKV":
@@ -120,6 +121,9 @@ def attention_parts(arch: Arch, model, p: Params, layer: int, x: Tensor) -> dict
         if f"{b}.b_{r}" in p:
             y = y + p[f"{b}.b_{r}"][:, None]
         proj[r] = y
+    if arch.qk_norm:  # before RoPE, as the model does (reference.head_norm)
+        proj["Q"] = head_norm(proj["Q"], p[f"{b}.q_norm.g"], arch.norm_eps)
+        proj["K"] = head_norm(proj["K"], p[f"{b}.k_norm.g"], arch.norm_eps)
     q, k = proj["Q"], proj["K"]
     if arch.pe == "rope":
         T, r = x.shape[1], arch.rotary_dim

@@ -19,6 +19,8 @@ solution. Each class has its own latent:
     qk, vo (GL)                 A = A_0 (I + E)
     qk (RoPE)                   z_j = z_j0 exp(e_r + i e_phi) per pair, times A_0 (I + E) on the
                                 unrotated dims of a partial RoPE
+    qk (QK-norm)                z_cj = z_cj0 exp(e_r), one e_r per pair for every KV group: the gain
+                                scales are learned, the quarter turns and signs stay the start's
     mlp_scale                   s = s_0 exp(e)
 
 The loss needs gradients through the group action, so `act_ste` re-states engine/symmetry.apply with
@@ -96,6 +98,7 @@ from engine.progress import Progress, relabel
 from engine.results import MAX_STEPS
 from engine.spec import ParamSpec, Spec
 from engine.symmetry import (
+    MAP_ROLES,
     GroupElement,
     LayerElement,
     act,
@@ -104,6 +107,7 @@ from engine.symmetry import (
     element_maps,
     identity,
     invert,
+    qk_norm_part,
     rope_commutant,
 )
 
@@ -420,7 +424,7 @@ def _act_one(ps: ParamSpec, maps: dict[str, dict], x: Tensor) -> Tensor:
                 continue
             if "index" in m:
                 x = permute(x, axis, *m["index"])
-            elif a.role in ("right", "right_inv_t"):
+            elif a.role in MAP_ROLES:
                 x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
             elif a.role in ("scale", "inv_scale"):
                 shape = [1] * x.dim()
@@ -485,7 +489,8 @@ class Transform(nn.Module):
         self.arch, self.spec, self.kinds, self.g0, self.dtype = arch, spec, kinds, g0, dtype
         L, d, hkv = arch.n_layers, arch.d_head, arch.n_kv_heads
         self.rep = arch.n_heads // hkv
-        self.rope = spec.groups["blocks.0.qk"].structure == "rope_commutant"
+        self.rope = spec.groups["blocks.0.qk"].structure in ("rope_commutant", "rope_qk_norm")
+        self.qk_norm = spec.groups["blocks.0.qk"].structure == "rope_qk_norm"
 
         def zeros(*shape: int) -> nn.Parameter:
             return nn.Parameter(torch.zeros(*shape, dtype=dtype))
@@ -515,8 +520,9 @@ class Transform(nn.Module):
         if "qk" in kinds:
             if not self.rope or arch.rotary_dim < d:  # GL(d), or the GL(d - r) block of a partial RoPE
                 self.E_qk = zeros(L, hkv, d, d)
-            if self.rope:
-                self.e_rope = zeros(L, hkv, arch.rotary_dim // 2, 2)  # (log-modulus, phase) per pair
+            if self.rope:  # (log-modulus, phase) per pair; QK-norm: the log-modulus alone, shared by the KV groups
+                self.e_rope = zeros(L, 1, arch.rotary_dim // 2, 1) if self.qk_norm else zeros(
+                    L, hkv, arch.rotary_dim // 2, 2)
                 self.basis = rope_basis(arch.rope_layout, arch.rotary_dim, d)
         if "vo" in kinds:
             self.E_vo = zeros(L, hkv, d, d)
@@ -572,8 +578,9 @@ class Transform(nn.Module):
         if not self.rope:
             return A0 @ (torch.eye(d, dtype=dtype) + self.E_qk[layer].to(dtype))
         r = self.arch.rotary_dim
-        e = self.e_rope[layer].to(dtype)  # [h_kv, r/2, 2]
-        z = rope_scalars(A0, self.arch.rope_layout, r) * torch.polar(e[..., 0].exp(), e[..., 1])  # [h_kv, r/2]
+        e = self.e_rope[layer].to(dtype)  # [h_kv, r/2, 2], QK-norm [1, r/2, 1]
+        phase = e[..., 1] if e.shape[-1] == 2 else torch.zeros_like(e[..., 0])
+        z = rope_scalars(A0, self.arch.rope_layout, r) * torch.polar(e[..., 0].exp(), phase)  # [h_kv, r/2]
         zero, C, S = (t.to(dtype) for t in self.basis)
         A = zero + torch.einsum("kj,jde->kde", z.real, C) + torch.einsum("kj,jde->kde", z.imag, S)  # [h_kv, d, d]
         if r < d:  # partial RoPE: the unrotated block is GL(d - r)
@@ -604,6 +611,8 @@ class Transform(nn.Module):
                 if kind in self.kinds:
                     M = fn(layer, dt)
                     out[f"{b}.{kind}"] = {"right": M, "right_inv_t": torch.linalg.inv(M).mT}
+                    if kind == "qk" and self.qk_norm:  # W_Q, W_K by sign(M), the gains by |M|, |M^{-T}|
+                        out[f"{b}.qk"] |= qk_norm_part(M, out[f"{b}.qk"]["right_inv_t"])
         if "residual_perm" in self.kinds:  # x Omega = P x along the axis with P = Omega^T
             out["residual"] = {"index": (self.res_perm, self.Z_res.mT, None)}
         elif "residual_orth" in self.kinds:

@@ -10,6 +10,7 @@ takes old index perm[i]. Everything here is float64 and deterministic.
     procrustes       O(n): polar factor of the cross-correlation (orthogonal Procrustes, SVD)
     fit_gl           GL(d): argmin ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, best start + preconditioned L-BFGS
     fit_rope         H(r): per frequency pair, closed-form phase + a vectorised search on log r
+    fit_qk_norm      the QK-norm group: per pair a quarter turn, a sign per stack and a modulus (quartic)
     fit_scale        per-neuron scale s: argmin ||a - s b||^2 + ||c - e / s||^2 (roots of a quartic)
 """
 
@@ -373,13 +374,70 @@ def fit_scale(a_in: Tensor, b_in: Tensor, a_out: Tensor, b_out: Tensor, positive
     be = (a_in.to(F64) * b_in.to(F64)).sum(-1).numpy()
     ga = b_out.to(F64).square().sum(-1).numpy()
     de = (a_out.to(F64) * b_out.to(F64)).sum(-1).numpy()
-    s = np.ones(len(al))
+    return torch.from_numpy(_quartic_scale(al, be, ga, de, positive)[0])  # [m]
+
+
+def _quartic_scale(al: np.ndarray, be: np.ndarray, ga: np.ndarray, de: np.ndarray,
+                   positive: bool) -> tuple[np.ndarray, np.ndarray]:
+    """s minimising al s^2 - 2 be s + ga / s^2 - 2 de / s elementwise (1 where no real root qualifies), and
+    that value: the best real nonzero root (positive if asked) of al s^4 - be s^3 + de s - ga = 0."""
+    s, f = np.ones(len(al)), al - 2 * be + ga - 2 * de
     for j in range(len(al)):
         roots = np.roots([al[j], -be[j], 0.0, de[j], -ga[j]]) if al[j] > 0 else np.array([])
         real = [x.real for x in roots if abs(x.imag) < 1e-9 * max(1.0, abs(x)) and x.real != 0]
         if positive:
             real = [x for x in real if x > 0]
         if real:
-            f = [al[j] * x * x - 2 * be[j] * x + ga[j] / (x * x) - 2 * de[j] / x for x in real]
-            s[j] = real[int(np.argmin(f))]
-    return torch.from_numpy(s)  # [m]
+            cost = [al[j] * x * x - 2 * be[j] * x + ga[j] / (x * x) - 2 * de[j] / x for x in real]
+            s[j], f[j] = real[int(np.argmin(cost))], min(cost)
+    return s, f
+
+
+# ---------------------------------------------------------------------------------------------
+# The QK-norm group: RoPE-commutant maps that are scaled signed permutations (docs/MATH.md section 1)
+
+
+def fit_qk_norm(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, layout: str, r: int,
+                gains: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """z [n, r/2] complex in the QK-norm group: z_cj = s_cj m_j i^(t_j), a sign s per stack c and pair, a
+    modulus m_j > 0 and a quarter turn t_j in {0, 1} per pair shared by the n stacks (docs/MATH.md section 4.1).
+
+    Without `gains` (activation matching) the rows are the normalised q and k, moved in full: q_j <- z_j q_j,
+    k_j <- k_j / conj(z_j). Per turn t, with c_q = <q_A, q_B>, c_k = <k_A, k_B> per stack (Hermitian,
+    conjugating A): the signs s_c = sign(m Re(i^t c_q) + Re(i^t c_k) / m), started at m = 1, and m from the
+    quartic of fit_scale given the signs, alternated three times. With gains (g_q^A, g_q^B, g_k^A, g_k^B
+    [d], weight matching) the rows (W_Q, W_K) move by the sign and the turn alone, so s_c = sign(Re(i^t (c_q
+    + c_k))) in closed form, and the modulus acts on the gains: g_q^B's pair (swapped by a quarter turn)
+    times m, g_k^B's over m, m again from the quartic. The turn with the lower total cost wins.
+    """
+    qa, qb = complex_pairs(P_A, layout, r), complex_pairs(P_B, layout, r)  # [n, N, r/2]
+    ka, kb = complex_pairs(Q_A, layout, r), complex_pairs(Q_B, layout, r)  # [n, M, r/2]
+    cq, ck = (qa.conj() * qb).sum(-2).numpy(), (ka.conj() * kb).sum(-2).numpy()  # [n, r/2]
+    nq, nk = qb.abs().square().sum(-2).numpy().sum(0), kb.abs().square().sum(-2).numpy().sum(0)  # [r/2]
+    if gains is not None:
+        i1, i2 = (i.numpy() for i in rope_pairs(r, layout))
+        ga_q, gb_q, ga_k, gb_k = (g.detach().to("cpu", F64).numpy() for g in gains)  # [d] each
+    best_cost, best = None, None
+    for t in (0, 1):
+        bq, bk = ((1j ** t) * cq).real, ((1j ** t) * ck).real  # [n, r/2]
+        if gains is None:
+            m = np.ones(r // 2)
+            for _ in range(3):
+                s = np.where(m * bq + bk / m < 0, -1.0, 1.0)  # [n, r/2]
+                m, cost = _quartic_scale(nq, (s * bq).sum(0), nk, (s * bk).sum(0), positive=True)
+        else:
+            s = np.where(bq + bk < 0, -1.0, 1.0)
+            j1, j2 = (i1, i2) if t == 0 else (i2, i1)  # B's gains of pair j, swapped by a quarter turn
+            pa_q, pb_q = np.stack([ga_q[i1], ga_q[i2]], 1), np.stack([gb_q[j1], gb_q[j2]], 1)  # [r/2, 2]
+            pa_k, pb_k = np.stack([ga_k[i1], ga_k[i2]], 1), np.stack([gb_k[j1], gb_k[j2]], 1)
+            m, cost = _quartic_scale((pb_q ** 2).sum(1), (pa_q * pb_q).sum(1), (pb_k ** 2).sum(1),
+                                     (pa_k * pb_k).sum(1), positive=True)
+            cost = cost - 2 * np.abs(bq + bk).sum(0)
+        z = s * m * (1j ** t)  # [n, r/2]
+        if best is None:
+            best_cost, best = cost, z
+        else:
+            best = np.where(cost < best_cost, z, best)
+            best_cost = np.minimum(cost, best_cost)
+    z = torch.from_numpy(best)  # [n, r/2]
+    return torch.complex(z.real.contiguous(), z.imag.contiguous())  # exact zeros: a quarter turn is 1j * real

@@ -7,7 +7,8 @@ per-layer transforms, and sweeps repeat until no permutation changes and Omega s
             invariant circuits M = W_Q W_K^T (row-centred: the softmax ignores a constant per query)
             and N = W_V W_O; under GQA whole KV groups map to KV groups (solvers.gqa_assignment)
     qk      A per KV group: GL(d) by Procrustes start + L-BFGS; RoPE: per-pair closed-form phase and
-            a search on log r; partial RoPE: H(r) x GL(d - r)
+            a search on log r; partial RoPE: H(r) x GL(d - r); QK-norm: per pair a quarter turn, a sign
+            per KV group and the gains' modulus (solvers.fit_qk_norm)
     vo      B per KV group: the GL(d) problem with W_O^T in place of W_K
     mlp     pi: assignment on <W_in^A, W_in^B pi> + <W_out^A, pi^T W_out^B> (+ gate, + biases)
     mlp_scale  per-neuron s after pi (solvers.fit_scale); with scaling the assignment uses
@@ -36,6 +37,7 @@ from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, 
 from engine.align.solvers import (
     assignment,
     fit_gl,
+    fit_qk_norm,
     fit_rope,
     fit_scale,
     gqa_assignment,
@@ -199,11 +201,15 @@ def _group_rows(X: Tensor, rep: int) -> Tensor:
 
 
 def fit_qk(arch: Arch, structure: str, Qa: Tensor, Qb: Tensor, Ka: Tensor, Kb: Tensor,
-           start: Tensor | None = None) -> Tensor:
-    """A [h_kv, d, d] with Qb A ~ Qa and Kb A^{-T} ~ Ka, in the Q/K group of `structure`."""
+           start: Tensor | None = None, gains: tuple[Tensor, Tensor, Tensor, Tensor] | None = None) -> Tensor:
+    """A [h_kv, d, d] with Qb A ~ Qa and Kb A^{-T} ~ Ka, in the Q/K group of `structure`; under QK-norm
+    `gains` (g_q^A, g_q^B, g_k^A, g_k^B) are the norm gains the modulus moves (weight rows move by the signs
+    and turns alone), None when the rows are normalised activations (solvers.fit_qk_norm)."""
     if structure == "gl":
         return fit_gl(Qa, Qb, Ka, Kb, start)
     r, d = arch.rotary_dim, arch.d_head
+    if structure == "rope_qk_norm":
+        return rope_commutant(fit_qk_norm(Qa, Qb, Ka, Kb, arch.rope_layout, r, gains), arch.rope_layout, d)
     z = fit_rope(Qa[..., :r], Qb[..., :r], Ka[..., :r], Kb[..., :r], arch.rope_layout, r)  # [h_kv, r/2]
     A = rope_commutant(z, arch.rope_layout, d)  # [h_kv, d, d]
     if r < d:  # partial RoPE: the unrotated dims are a free GL(d - r) block
@@ -223,7 +229,8 @@ def within_head(arch: Arch, structure: str, pa: Params, pb: Params, layer: int, 
         Qa = _group_rows(_rows(pa, f"{b}.W_Q", f"{b}.b_Q"), rep)  # [h_kv, rep*D+, d]
         Qb = _group_rows(_rows(pb, f"{b}.W_Q", f"{b}.b_Q")[perm], rep)
         Ka, Kb = _rows(pa, f"{b}.W_K", f"{b}.b_K"), _rows(pb, f"{b}.W_K", f"{b}.b_K")[kv]  # [h_kv, D+, d]
-        A = fit_qk(arch, structure, Qa, Qb, Ka, Kb, warm.qk if warm else None)
+        gains = tuple(p[f"{b}.{n}_norm.g"] for n in "qk" for p in (pa, pb)) if arch.qk_norm else None
+        A = fit_qk(arch, structure, Qa, Qb, Ka, Kb, warm.qk if warm else None, gains)
     if "vo" in kinds:
         Va, Vb = _rows(pa, f"{b}.W_V", f"{b}.b_V"), _rows(pb, f"{b}.W_V", f"{b}.b_V")[kv]  # [h_kv, D+, d]
         Oa = _group_rows(pa[f"{b}.W_O"].mT, rep)  # [h_kv, rep*D, d]: W_O <- B^{-1} W_O is W_O^T B^{-T}

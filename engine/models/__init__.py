@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelError
-from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_neox, hf_qwen2, reference, timm_vit
+from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_neox, hf_qwen2, hf_qwen3, reference, timm_vit
 from engine.models.base import Arch, Family, Model, Params
 from engine.models.io import check_closed_world, check_output_dir, read_config
 from engine.models.native import check_hf_config, fresh
@@ -23,6 +23,7 @@ FAMILIES: dict[str, Family] = {
     hf_llama.ENTRY.name: hf_llama.ENTRY,
     hf_neox.ENTRY.name: hf_neox.ENTRY,
     hf_qwen2.ENTRY.name: hf_qwen2.ENTRY,
+    hf_qwen3.ENTRY.name: hf_qwen3.ENTRY,
     hf_mistral.ENTRY.name: hf_mistral.ENTRY,
     timm_vit.ENTRY.name: timm_vit.ENTRY,
 }
@@ -89,7 +90,8 @@ def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def arch_from_config(config: dict, source: str = "config.json") -> Arch:
-    """The Arch of a reference, HF GPT-2, Llama, Qwen2, Mistral, GPT-NeoX or timm ViT config dict (no weights needed)."""
+    """The Arch of a reference, HF GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX or timm ViT config dict (no weights
+    needed)."""
     fam = config.get("family")
     if "model_type" in config:
         check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
@@ -100,14 +102,14 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
         from transformers import GPT2Config
 
         return hf_gpt2.arch(GPT2Config(**{k: v for k, v in config.items() if k != "model_type"}), source)
-    for layout in (hf_llama.LAYOUT, hf_qwen2.LAYOUT, hf_mistral.LAYOUT):
+    for layout in (hf_llama.LAYOUT, hf_qwen2.LAYOUT, hf_qwen3.LAYOUT, hf_mistral.LAYOUT):
         if mt == layout.model_type:
             return layout.arch(layout.config(config), source)
     if mt == "gpt_neox":
         return hf_neox.arch(hf_neox.config_from_dict(config, source), source)
     if fam == "timm_vit" or "architecture" in config:
         return timm_vit.arch(timm_vit.module_from_config(config, source), source)
-    raise ModelError(f"{source} is not a reference, GPT-2, Llama, Qwen2, Mistral, GPT-NeoX or timm ViT config.")
+    raise ModelError(f"{source} is not a reference, GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX or timm ViT config.")
 
 
 __all__ = [

@@ -14,6 +14,7 @@ the `Params` dict that symmetry specs, group actions and aligners work on (docs/
     blocks.{l}.attn.W_K [h_kv, D, d]  blocks.{l}.attn.b_K [h_kv, d]
     blocks.{l}.attn.W_V [h_kv, D, d]  blocks.{l}.attn.b_V [h_kv, d]
     blocks.{l}.attn.W_O [h, d, D]     blocks.{l}.attn.b_O [D]
+    blocks.{l}.attn.q_norm.g [d]      blocks.{l}.attn.k_norm.g [d]   QK-norm gains (qk_norm), every head's
     blocks.{l}.norm2.g [D]       pre-MLP norm; .norm2.b [D]
     blocks.{l}.mlp.W_in [D, m]   first layer (the "up" branch for SwiGLU); .b_in [m]
     blocks.{l}.mlp.W_gate [D, m] SwiGLU gate branch only
@@ -73,6 +74,7 @@ class Arch:
     tied_embeddings: bool
     causal: bool
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-J / GPT-NeoX) instead of sequential
+    qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE, one gain [d] each per layer (Qwen3)
 
     def to_dict(self) -> dict:
         return asdict(self)

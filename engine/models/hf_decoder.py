@@ -1,10 +1,11 @@
-"""HF decoders in the Llama layout (Llama, Qwen2, Mistral): one adapter, parametrised by a `LlamaLayout`.
+"""HF decoders in the Llama layout (Llama, Qwen2, Qwen3, Mistral): one adapter, parametrised by a `LlamaLayout`.
 
 These families share the module tree `model.embed_tokens`, `model.layers[i].{input_layernorm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`, `lm_head`,
 and the maths: RMSNorm, RoPE with half-split pairs, SwiGLU, grouped-query attention. They differ in
-which projections carry biases, whether attention may slide, and their transformers classes; a
-family's adapter file names those in one `LlamaLayout` and exposes its bound methods.
+which projections carry biases, whether attention may slide, whether queries and keys are normalised
+per head before RoPE (QK-norm: `self_attn.q_norm`, `self_attn.k_norm`, Qwen3), and their transformers
+classes; a family's adapter file names those in one `LlamaLayout` and exposes its bound methods.
 
 Native layout quirks the canonical conversion undoes:
 - `nn.Linear` stores out x in, so every projection is transposed to the row-vector `x @ W` form;
@@ -13,12 +14,15 @@ Native layout quirks the canonical conversion undoes:
   i // (n_heads / n_kv_heads) (HF's repeat_kv), the same convention as the reference family;
 - SwiGLU `down(silu(gate(x)) * up(x))`: gate_proj -> W_gate, up_proj -> W_in, down_proj -> W_out.
   With an MLP bias the gate has a bias too; the canonical key for it is `mlp.b_gate` [m].
+- QK-norm: q_norm.weight, k_norm.weight [d] -> attn.q_norm.g, attn.k_norm.g (one gain per layer, shared
+  by every head).
 
 Float64 exactness. Stock HF normalises in float32 (its RMSNorm casts up to float32, which for a
 float64 input is a cast down) and builds its RoPE tables in float32, so a float64 model is only
 float32-accurate and no symmetry check could reach 1e-10. Every module this adapter hands out has
 those two submodules switched to subclasses that compute in float64 when the input is float64 (same
-formulas; other dtypes take HF's own path unchanged). Nothing about the weights changes.
+formulas; other dtypes take HF's own path unchanged); the QK-norms are RMSNorm modules of the same
+class and are switched too. Nothing about the weights changes.
 """
 
 from __future__ import annotations
@@ -80,6 +84,17 @@ def no_window(config, refuse: Callable[[str, str], None]) -> int | None:
     return None
 
 
+def sliding_layers_window(config, refuse: Callable[[str, str], None]) -> int | None:
+    """The window of the layers `layer_types` marks sliding (Qwen2, Qwen3: their configs set sliding_window to
+    None without use_sliding_window), None when no layer slides."""
+    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+        return None
+    if config.sliding_window is None:
+        refuse("layer_types with sliding_attention layers", "they have no window: use_sliding_window is false "
+               "or sliding_window is null, and transformers cannot run them")
+    return config.sliding_window
+
+
 @dataclass(frozen=True)
 class LlamaLayout:
     """What distinguishes one Llama-layout family; its methods are that family's adapter."""
@@ -92,6 +107,7 @@ class LlamaLayout:
     biases: Callable[[object], tuple[bool, bool, bool]]  # config -> biases of (q/k/v_proj, o_proj, mlp)
     # (config, refuse) -> the sliding-attention window, None if attention never slides; refuse(option, why) raises
     window: Callable[[object, Callable[[str, str], None]], int | None] = no_window
+    qk_norm: bool = False  # self_attn.q_norm / k_norm: RMSNorm over each head's q and k before RoPE
 
     def _classes(self) -> tuple[type, type]:
         import transformers
@@ -128,6 +144,7 @@ class LlamaLayout:
             rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm", norm_bias=False,
             norm_eps=config.rms_norm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
             mlp_bias=mlp_bias, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
+            qk_norm=self.qk_norm,
         )
 
     def make_exact(self, module) -> None:
@@ -188,6 +205,8 @@ class LlamaLayout:
                 pre + "mlp.W_gate": mlp.gate_proj.weight.T,  # [D, m]
                 pre + "mlp.W_out": mlp.down_proj.weight.T,  # [m, D]
             }
+            if a.qk_norm:
+                p |= {pre + "attn.q_norm.g": at.q_norm.weight, pre + "attn.k_norm.g": at.k_norm.weight}  # [d]
             if a.attn_bias:
                 p |= {
                     pre + "attn.b_Q": at.q_proj.bias.reshape(h, -1),  # [h, d]
@@ -220,6 +239,8 @@ class LlamaLayout:
                 mlp + "gate_proj.weight": params[pre + "mlp.W_gate"].T,  # [m, D]
                 mlp + "down_proj.weight": params[pre + "mlp.W_out"].T,  # [D, m]
             }
+            if a.qk_norm:
+                n |= {at + "q_norm.weight": params[pre + "attn.q_norm.g"], at + "k_norm.weight": params[pre + "attn.k_norm.g"]}
             if a.attn_bias:
                 n |= {at + f"{r.lower()}_proj.bias": params[pre + f"attn.b_{r}"].reshape(-1) for r in "QKV"}  # [h*d]
             if a.out_bias:

@@ -14,27 +14,17 @@ as the context is full causal attention, a shorter one is refused.
 from __future__ import annotations
 
 from engine.models import native as nat
-from engine.models.hf_decoder import LlamaLayout
+from engine.models.hf_decoder import LlamaLayout, sliding_layers_window
 
 
 def _biases(config) -> tuple[bool, bool, bool]:
     return True, False, False
 
 
-def _window(config, refuse) -> int | None:
-    """The window of the sliding layers (Qwen2Config has set sliding_window to None without use_sliding_window)."""
-    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
-        return None
-    if config.sliding_window is None:
-        refuse("layer_types with sliding_attention layers", "they have no window: use_sliding_window is false "
-               "or sliding_window is null, and transformers cannot run them")
-    return config.sliding_window
-
-
 LAYOUT = LlamaLayout(
     family="hf_qwen2", model_type="qwen2", prefix="Qwen2", display="Qwen2 (Hugging Face transformers)",
     reference="Qwen2 Technical Report (2024); RoPE: RoFormer (2021); transformers.Qwen2ForCausalLM",
-    biases=_biases, window=_window,
+    biases=_biases, window=sliding_layers_window,
 )
 FAMILY, MODEL_TYPE, DISPLAY = LAYOUT.family, LAYOUT.model_type, LAYOUT.display
 

@@ -3,7 +3,8 @@
 The controlled instrument for comparing positional encodings: `pe` in {none, learned, sinusoidal,
 rope} (RoPE pairing interleaved or half-split, optionally partial), `norm` in {layernorm, rmsnorm},
 `mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases (all of them, or on Q, K and V alone as
-in Qwen2), a sequential or parallel (GPT-NeoX) residual. Everything but the chosen options
+in Qwen2), a sequential or parallel (GPT-NeoX) residual, and QK-norm (a per-head RMSNorm on queries and
+keys before RoPE, one gain [d_head] each per layer, as in Qwen3). Everything but the chosen options
 is identical across variants. Parameters are stored directly in the canonical head-explicit layout
 (engine/models/base.py), so `to_canonical` is the state dict itself.
 
@@ -54,6 +55,7 @@ class RefConfig:
     in_chans: int = 1
     n_classes: int = 10
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)): both branches read the same x
+    qk_norm: bool = False  # RMSNorm over each head's q and k (gains [d_head] shared by the heads), before RoPE
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -79,6 +81,8 @@ class RefConfig:
         need(self.task == "lm" or self.image_size % self.patch_size == 0,
              f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
         need(self.task == "vit" or self.vocab_size >= 1, "vocab_size must be positive")
+        need(not self.qk_norm or (self.pe == "rope" and self.rot_dim == self.head_dim),
+             "qk_norm needs RoPE on the whole head (as in Qwen3), the only QK-norm layout with a symmetry spec")
 
     heads = property(lambda s: s.n_heads)
     kv_heads = property(lambda s: s.n_kv_heads or s.n_heads)
@@ -89,7 +93,8 @@ class RefConfig:
     n_out = property(lambda s: s.vocab_size if s.task == "lm" else s.n_classes)
 
     def to_dict(self) -> dict:
-        return {"family": FAMILY, **asdict(self)}
+        # qk_norm only when set, so that configs without it (the zoo's) read and compare as they were written
+        return {"family": FAMILY, **{k: v for k, v in asdict(self).items() if k != "qk_norm" or v}}
 
     @classmethod
     def from_dict(cls, d: dict) -> RefConfig:
@@ -109,7 +114,7 @@ class RefConfig:
             norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias or self.qkv_bias, out_bias=self.bias,
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
-            parallel_residual=self.parallel_residual,
+            parallel_residual=self.parallel_residual, qk_norm=self.qk_norm,
         )
 
 
@@ -184,6 +189,19 @@ class Norm(nn.Module):
         return y * self.g if torch.is_grad_enabled() else y.mul_(self.g)  # in place only where nothing is traced
 
 
+def head_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    """QK-norm: RMSNorm over the last (head) axis of q or k [..., d], times the gain g [d] (Qwen3's q_norm)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * g
+
+
+class HeadNorm(nn.Module):
+    """The gain of a QK-norm (parameter `g` [d_head], shared by every head of the layer)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(d))
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: RefConfig):
         super().__init__()
@@ -199,6 +217,8 @@ class Attention(nn.Module):
             self.b_V = nn.Parameter(torch.zeros(hkv, d))
         if cfg.bias:
             self.b_O = nn.Parameter(torch.zeros(D))
+        if cfg.qk_norm:
+            self.q_norm, self.k_norm = HeadNorm(d), HeadNorm(d)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         cfg = self.cfg
@@ -209,6 +229,8 @@ class Attention(nn.Module):
         bias = torch.cat([self.b_Q, self.b_K, self.b_V]).flatten() if cfg.bias or cfg.qkv_bias else None  # [(h+2h_kv)*d]
         qkv = F.linear(x, W.T, bias).view(B, T, h + 2 * hkv, d).transpose(1, 2)  # [B, h+2h_kv, T, d]
         q, k, v = qkv.split([h, hkv, hkv], 1)  # [B, h, T, d], [B, h_kv, T, d] x 2
+        if cfg.qk_norm:  # before RoPE, as in Qwen3
+            q, k = head_norm(q, self.q_norm.g, cfg.norm_eps), head_norm(k, self.k_norm.g, cfg.norm_eps)
         if rope is not None:
             q, k = rotate(q, rope, cfg.rot_dim, cfg.rope_layout), rotate(k, rope, cfg.rot_dim, cfg.rope_layout)
         if hkv != h:  # grouped-query: query head i reads KV group i // (h / h_kv)

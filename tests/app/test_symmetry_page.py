@@ -61,6 +61,14 @@ def test_presets_count_dimensions_from_the_config_alone():
     # the same shape under each PE: RoPE's Q/K part is d per head, the others d^2
     pes = {t["name"]: list(t["y"]) for t in chart(at, "pe_chart")["data"]}
     assert pes["RoPE"][0] == 32 * 128 and pes["NoPE"][0] == 32 * 128 ** 2
+    assert pes["RoPE + QK-norm"][0] == 128 // 2  # one gain scale per pair, for the whole layer
+
+    at.selectbox(key="sym_preset").select("Qwen3-8B (QK-norm)").run()
+    assert not at.exception
+    # QK-norm: d/2 = 64 per layer (not per KV group), no key-bias shift; V/O 8 KV groups of GL(128)
+    assert metrics(at)["Q/K per layer"] == "64"
+    assert metrics(at)["Attention per layer"] == f"{64 + 8 * 128 ** 2:,}"
+    assert any("QK-norm" in c.value for c in at.caption)
 
 
 def test_a_zoo_model_shows_the_engines_checks_and_breaks(tiny_env):

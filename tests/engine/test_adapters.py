@@ -27,6 +27,7 @@ from engine.models import (
     hf_mistral,
     hf_neox,
     hf_qwen2,
+    hf_qwen3,
     load_model,
     reference,
     timm_vit,
@@ -46,6 +47,7 @@ LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num
 # long as the context are full causal attention, and Mistral's default window (4096) exceeds the context
 QWEN2_CFG = {**LLAMA_CFG, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
 MISTRAL_CFG = {**LLAMA_CFG, "head_dim": 12, "tie_word_embeddings": True}
+QWEN3_CFG = {**LLAMA_CFG, "head_dim": 12}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -104,6 +106,13 @@ CASES = {
         {**LLAMA_CFG, "tie_word_embeddings": True}, seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="rmsnorm",
         norm_eps=1e-5, mlp="swiglu", qkv_bias=True, tied_embeddings=True)),
+    # Qwen3: QK-norm (q_norm / k_norm gains [d], randomised with the other gains), wider heads than D / h; and
+    # tied with attention_bias (all four projections: no reference twin, whose biases are all or Q/K/V alone)
+    "hf_qwen3": Case("hf_qwen3", lambda s: hf_qwen3.build(QWEN3_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
+        norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", qk_norm=True)),
+    "hf_qwen3_bias_tied": Case("hf_qwen3", lambda s: hf_qwen3.build(
+        {**QWEN3_CFG, "tie_word_embeddings": True, "attention_bias": True}, seed=s, dtype=F64), None),
     # Mistral: no biases, wider heads than D / h, tied
     "hf_mistral": Case("hf_mistral", lambda s: hf_mistral.build(MISTRAL_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
@@ -234,7 +243,7 @@ def test_canonical_params_run_in_the_reference_family(name: str):
     assert diff <= {"family", "rope_base"} and ("rope_base" not in diff or model.arch.pe != "rope")
 
 
-@pytest.mark.parametrize("adapter", [hf_llama, hf_qwen2, hf_mistral], ids=lambda a: a.FAMILY)
+@pytest.mark.parametrize("adapter", [hf_llama, hf_qwen2, hf_qwen3, hf_mistral], ids=lambda a: a.FAMILY)
 def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
     """Why the Llama-layout adapters swap in float64-faithful RMSNorm and RoPE (engine/models/hf_decoder.py)."""
     from engine.models.hf_decoder import _hf_classes
@@ -257,6 +266,7 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
 @pytest.mark.parametrize(("adapter", "change", "option"), [
     (hf_qwen2, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "sliding_window=8"),
     (hf_qwen2, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    (hf_qwen3, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "sliding_window=8"),
     (hf_mistral, {"sliding_window": 15}, "sliding_window=15"),
     (hf_mistral, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
 ])
@@ -348,7 +358,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_mistral", "hf_neox", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ from engine.interpolate import interpolate
 from engine.models import Model, canonical, load_model, save_model, set_canonical
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec
-from engine.symmetry import apply, invert, random_gl, rope_commutant, sample
+from engine.symmetry import MAP_ROLES, apply, invert, random_gl, rope_commutant, sample
 from engine.train import TrainConfig, train
 
 F64 = torch.float64
@@ -139,7 +139,7 @@ def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
 
 
 def _hf_cases() -> dict:
-    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, timm_vit
+    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, timm_vit
 
     llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
@@ -153,6 +153,9 @@ def _hf_cases() -> dict:
                                             "rope_theta": 500.0}, seed=0, dtype=F64),
         "hf_qwen2": lambda: _with_qkv_biases(hf_qwen2.build(llama, seed=0, dtype=F64)),
         "hf_mistral": lambda: hf_mistral.build({**llama, "head_dim": 12}, seed=0, dtype=F64),
+        # QK-norm, with biases on all four attention projections (randomised: HF initialises them to zero)
+        "hf_qwen3": lambda: _with_qkv_biases(hf_qwen3.build({**llama, "head_dim": 8, "attention_bias": True}, seed=0,
+                                                            dtype=F64)),  # Qwen3Config's own head_dim is 128
         "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
                                             "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
                                            seed=0, dtype=F64),
@@ -165,8 +168,9 @@ REF_CASES = {
     "lm-rope-half-gqa-swiglu": {"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu"},
     "lm-partial-rope-relu": {"pe": "rope", "rotary_dim": 4, "mlp": "relu"},
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
+    "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_mistral", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "timm_vit"]
 
 
 def make_case(name: str) -> Model:
@@ -285,6 +289,7 @@ def test_classes_restrict_the_element_and_bad_requests_fail_clearly():
 
 
 ACTION_CASES = [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu", "rotary_dim": 6},
+                {"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu", "qk_norm": True},
                 {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"}]
 
 
@@ -340,7 +345,7 @@ def dense_action(T: Transform, params: dict) -> dict:
                 m = mats.get(a.group)
                 if m is None:
                     continue
-                if a.role in ("right", "right_inv_t"):
+                if a.role in MAP_ROLES:  # x <- x M, M by role (QK-norm: sign(A), |A|, |A^{-T}|)
                     M = m[a.role]
                     if a.by_axis is None:
                         x = (x.movedim(axis, -1) @ M).movedim(-1, axis)

@@ -72,12 +72,16 @@ def test_sinusoidal_residual_check_draws_from_the_table_fixing_rotations(n_ctx):
     {"pe": "rope"}, {"pe": "rope", "rope_layout": "half", "rotary_dim": 4, "n_kv_heads": 2, "mlp": "swiglu"},
     {"pe": "rope", "norm": "layernorm", "bias": True, "mlp": "relu"}, {"pe": "none", "mlp": "silu"},
     {"task": "vit", "pe": "rope", "rope_layout": "half"},
-], ids=["rope", "rope-half-partial-gqa-swiglu", "rope-layernorm-relu", "nope-silu", "vit-rope-half"])
+    {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
+], ids=["rope", "rope-half-partial-gqa-swiglu", "rope-layernorm-relu", "nope-silu", "vit-rope-half",
+        "rope-half-qk-norm-gqa-swiglu"])
 def test_every_break_transform_changes_the_output(kw):
     m = random_model(tiny(**kw))
     breaks = rows(break_tests(m))
     if m.arch.pe == "rope":
         assert {"qk_gl", "qk_other_layout", "qk_orthogonal"} <= set(breaks)
+    if m.arch.qk_norm:
+        assert {"qk_rope_phase", "qk_rope_modulus", "qk_gain_within_pair", "qk_turn_one_kv_group"} <= set(breaks)
     if m.arch.n_kv_heads < m.arch.n_heads:
         assert "heads_across_kv_groups" in breaks
     assert "residual_gl" in breaks and len(breaks) >= 2
@@ -95,6 +99,9 @@ JACOBIAN = [
     {"pe": "none", "mlp": "relu"}, {"pe": "rope", "n_kv_heads": 1},
     {"pe": "learned", "mlp": "swiglu", "bias": True}, {"pe": "sinusoidal", "n_ctx": 4},
     {"pe": "learned", "norm": "layernorm", "bias": True, "tied_embeddings": True},
+    # QK-norm: d/2 per layer, gains free (random: generic), no key-bias shift
+    {"pe": "rope", "qk_norm": True}, {"pe": "rope", "qk_norm": True, "rope_layout": "half", "n_kv_heads": 1},
+    {"pe": "rope", "qk_norm": True, "mlp": "swiglu", "bias": True},
 ]
 
 
@@ -150,8 +157,19 @@ def test_report_of_a_saved_model_is_json_with_checks_breaks_and_dims(tmp_path):
     assert "invariance check" in text and "break test" in text and "qk_other_layout" in text
 
 
+def qk_gains(m):
+    """Random QK-norm gains: HF initialises them to 1, where every RoPE phase is a symmetry too (docs/MATH.md
+    section 1, QK-norm: the group is counted for gains that differ within a pair)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in m.module.model.layers:
+            for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+                norm.weight.copy_(1 + 0.3 * torch.randn(norm.weight.shape, generator=g))
+    return m
+
+
 def test_other_families_pass_the_same_checks():
-    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, timm_vit
+    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, timm_vit
 
     llama = {"hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
              "intermediate_size": 48, "vocab_size": 40, "max_position_embeddings": 16}
@@ -160,6 +178,7 @@ def test_other_families_pass_the_same_checks():
         hf_llama.build(llama, seed=1),
         hf_qwen2.build(llama, seed=1),  # Q/K/V biases, tested nonzero in test_adapters.py
         hf_mistral.build({**llama, "head_dim": 12}, seed=1),
+        qk_gains(hf_qwen3.build({**llama, "head_dim": 8, "attention_bias": True}, seed=1)),  # QK-norm, 4 biases
         timm_vit.build({"img_size": 8, "patch_size": 4, "in_chans": 3, "embed_dim": 32, "depth": 2, "num_heads": 4,
                         "num_classes": 5}, seed=1),
     ]

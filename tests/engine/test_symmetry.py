@@ -75,6 +75,9 @@ LM_VARIANTS = [
     {"pe": "learned", "norm": "layernorm", "bias": True, "tied_embeddings": True, "head_bias": True},
     {"pe": "rope", "mlp": "swiglu", "bias": True, "head_bias": True},
     {"pe": "rope", "mlp": "swiglu", "n_kv_heads": 2, "rope_layout": "half", "qkv_bias": True},  # Qwen2's biases
+    {"pe": "rope", "qk_norm": True}, {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2,
+                                      "mlp": "swiglu", "qkv_bias": True},  # Qwen3's QK-norm
+    {"pe": "rope", "qk_norm": True, "norm": "layernorm", "bias": True, "tied_embeddings": True},
 ]
 VIT_VARIANTS = [
     dict(task="vit", pe=pe, **extra) for pe in PE_KINDS
@@ -107,9 +110,12 @@ def configs(draw):
     D, h = draw(st.sampled_from([(16, 2), (32, 4), (24, 3)]))
     pe = draw(st.sampled_from(PE_KINDS))
     d = D // h
+    rotary = draw(st.sampled_from([0, 2, d - d % 2]))
+    whole = pe == "rope" and (rotary or d) == d  # QK-norm needs RoPE on the whole head
     return tiny(task=task, n_layers=draw(st.integers(1, 2)), d_model=D, n_heads=h,
                 n_kv_heads=draw(st.sampled_from([0, 1])), d_mlp=draw(st.sampled_from([8, 24])), pe=pe,
-                rope_layout=draw(st.sampled_from(ROPE_LAYOUTS)), rotary_dim=draw(st.sampled_from([0, 2, d - d % 2])),
+                rope_layout=draw(st.sampled_from(ROPE_LAYOUTS)), rotary_dim=rotary,
+                qk_norm=whole and draw(st.booleans()),
                 norm=draw(st.sampled_from(NORM_KINDS)), mlp=draw(st.sampled_from(MLP_KINDS)), bias=draw(st.booleans()),
                 head_bias=draw(st.booleans()), tied_embeddings=draw(st.booleans()), n_ctx=8, vocab_size=24)
 
