@@ -1,0 +1,45 @@
+"""The view in the address bar, in a real browser: a pasted link opens its page, pair, method and
+options, and picking another method rewrites the URL (app/url_state.py)."""
+
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+SHOTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "bench" / "screenshots"
+
+
+def wait_idle(page):
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
+
+
+def query(page) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlparse(page.url).query).items()}
+
+
+def wait_query(page, key: str, value: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while query(page).get(key) != value:
+        assert time.monotonic() < deadline, f"the URL never got {key}={value}: {page.url}"
+        time.sleep(0.1)
+
+
+def test_a_pasted_link_opens_its_view_and_the_url_follows(page, streamlit_url):
+    page.goto(f"{streamlit_url}/alignment?method=weight&tab=One+layer&layer=1")
+    page.wait_for_selector('h1:has-text("Alignment")')
+    wait_idle(page)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    method = sidebar.get_by_role("combobox", name="Alignment method")
+    assert method.input_value() == "Weight matching"
+    assert page.locator('[data-testid="stSlider"]').count() >= 1  # the "One layer" tab is open
+    wait_query(page, "layer", "1")
+    SHOTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(SHOTS / "url_state_alignment.png"))
+    sidebar.locator('[data-testid="stSelectbox"]').nth(1).click()
+    page.get_by_role("option", name="Naive (no alignment)").click()
+    wait_idle(page)
+    wait_query(page, "method", "naive")
+    assert method.input_value() == "Naive (no alignment)"
+    assert urlparse(page.url).path.endswith("/alignment")
