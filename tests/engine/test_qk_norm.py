@@ -26,7 +26,8 @@ from engine.groups import group_dimension
 from engine.interpolate import interpolate
 from engine.models import arch_from_config, canonical, hf_qwen3, set_canonical
 from engine.models.reference import RefConfig, rope_pairs
-from engine.spec import build_spec, check_arch
+from engine.spec import build_spec, check_arch, is_qk_gain, norms_are_folded
+from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
 from engine.symmetry import GroupElement, LayerElement, apply, identity, invert, random_gl, rope_commutant, sample
 
 F64 = torch.float64
@@ -131,6 +132,25 @@ def test_head_permutations_leave_the_shared_gains_in_place(case):
         for n in ("q_norm", "k_norm"):
             assert torch.equal(moved[f"blocks.{l}.attn.{n}.g"], theta[f"blocks.{l}.attn.{n}.g"])
     assert rel(logits_of(m, moved, x), y0) < 1e-10
+
+
+def test_norm_folding_leaves_the_qk_gains_alone(case):
+    """The residual norms fold into the readers; the QK-norm gains act in head space and stay (section 3)."""
+    m, x, y0 = case
+    for rewrite in (fold_norms, layernorm_to_rmsnorm):
+        arch, theta = m.arch, canonical(m)
+        if rewrite is layernorm_to_rmsnorm:  # the same model with LayerNorm: the rewrite keeps the gains too
+            ln = random_model(replace(m.module.cfg, norm="layernorm", bias=True, mlp="gelu"))
+            arch, theta, m = ln.arch, canonical(ln), ln
+            with torch.no_grad():
+                y0 = ln.module(x)
+        arch2, p2 = rewrite(arch, theta)
+        assert arch2.qk_norm and norms_are_folded(arch2, p2)
+        for k in theta:
+            if is_qk_gain(k):
+                assert torch.equal(p2[k], theta[k]) and not bool((p2[k] == 1).all())
+        moved = apply(arch2, sample(arch2, ["residual_orth", "qk"], 2), p2)
+        assert rel(logits_of(random_model(reference_config_from_arch(arch2)), moved, x), y0) < 1e-10
 
 
 # ---------------------------------------------------------------------------------------------
