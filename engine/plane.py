@@ -1,4 +1,5 @@
-"""The loss over the plane through A, B and aligned B (docs/MATH.md section 5, "Loss plane"; Garipov et al., 2018).
+"""The loss over the plane through A, B and aligned B (docs/MATH.md section 5, the loss plane;
+Garipov et al., 2018).
 
 With d1 = theta_B' - theta_A (B' = g.theta_B, aligned) and d2 = theta_B - theta_A, the plane's
 orthonormal axes are u = d1 / |d1| and v = the part of d2 orthogonal to u, normalised. A point

@@ -285,7 +285,7 @@ def test_the_cli_draws_one_bar_per_phase(monkeypatch):
     bars = []
 
     class Bar:
-        def __init__(self, total=None, desc="", leave=True, delay=0):
+        def __init__(self, total=None, desc="", leave=True, delay=0, disable=False):
             self.total, self.desc, self.n, self.closed, self.postfix = total, desc, 0, False, ""
             bars.append(self)
 
