@@ -134,8 +134,8 @@ def plane_section(sel: sidebar.Selection, names: dict[str, str], charts: downloa
                        "`python -m engine cache build --planes` the zoo's.")
             return
         p = plane["points"]
-        st.caption(f"The loss over the plane through A, B and B {names.get(plane['method'], plane['method']).lower()}"
-                   f" onto A ({plane['eval_set']}). B and aligned B compute one function, in two places of "
+        st.caption(f"The loss over the plane through A, B and B aligned onto A by "
+                   f"{names.get(plane['method'], plane['method']).lower()} ({plane['eval_set']}). B and aligned B compute one function, in two places of "
                    f"weight space: aligned B lies {p['B_aligned'][0]:.1f} from A, B "
                    f"{(p['B'][0] ** 2 + p['B'][1] ** 2) ** 0.5:.1f}. Dashed: the naive segment from A to B; "
                    "solid: the aligned one.")
