@@ -486,6 +486,192 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     return out
 
 
+# Width-heterogeneous pairs (docs/MATH.md section 8): the narrow model A lifted exactly into B's wider
+# shape, B aligned onto lifted A by any method, the path walked in B's width. The records are result
+# records plus a `lift` field; the store's live under cached_results/widen/, apart from the same-width pairs.
+WIDEN_METHODS = ("naive", "weight")  # the store's: the lifted A as it is, and weight matching (data-free, seconds)
+
+
+def check_widen(model_a: str | Path, model_b: str | Path) -> tuple[ModelInfo, ModelInfo]:
+    """Refuse, from the configs and before any weight is loaded, a pair A cannot be lifted into (one sentence)."""
+    from engine.widen import lift_refusal
+
+    a, b = model_info(model_a, "Model A"), model_info(model_b, "Model B")
+    why = lift_refusal(a.arch, b.arch, display_name(model_a), display_name(model_b))
+    if why:
+        raise ArchitectureMismatch(why)
+    return a, b
+
+
+def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: CancelToken | None = None,
+               train_curve: bool = True, attribution: bool = True) -> dict:
+    """Lift model A into model B's shape, align B onto lifted A with cfg.method, interpolate in B's width;
+    the result record of run_pair plus `lift`: the widths, maps and scales of the lift and its check.
+
+    The lift check (lift.loss_a against lift.loss_a_lifted, the path's endpoint at lam = 0) must hold to
+    the endpoint check's tolerance (ExactnessError otherwise), as must B's endpoint check; a naive record
+    also walks the identity in the aligned runs' coordinates. `cfg.path` must be weights and offload is
+    not offered.
+    """
+    from engine.align import METHODS
+    from engine.align.learned import run_options
+    from engine.align.run import TOLERANCE, align, alignment_record, endpoint_check
+    from engine.errors import ExactnessError
+    from engine.resources import check_run
+    from engine.widen import lift_info, widen_models
+
+    if cfg.method not in METHODS:
+        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    if cfg.path != "weights":
+        raise LMCError("A width-heterogeneous run interpolates the weights; the circuit path is not offered for it.")
+    device = resolve_device(cfg.device)
+    info_a, _ = check_widen(cfg.model_a, cfg.model_b)
+    check_run(replace(cfg, model_a=cfg.model_b, device=device))  # lifted A has B's shape: memory as for B with B
+    phases = Phases(progress)
+    t0 = time.perf_counter()
+    tick = phases.phase("load", 3)
+    check_cancel(cancel, "loading, model A")
+    a = load_named(cfg.model_a, cfg.dtype, device)
+    tick(1, 3, f"model A: {a.name}")
+    check_cancel(cancel, "loading, model B")
+    b = load_named(cfg.model_b, cfg.dtype, device)
+    tick(2, 3, f"model B: {b.name}")
+    lifted, b = widen_models(a, b)
+    tick(3, 3, f"{a.name} lifted to D = {lifted.arch.d_model}")
+    es = eval_set_for(b, cfg.eval_split, cfg.eval_items)
+    train_es = train_eval_set_for(b, es) if train_curve else None
+    t_load = time.perf_counter() - t0
+    cfg = final_config(replace(cfg, device=device), info_a.arch.task)
+    t1 = time.perf_counter()
+    n_measure = 1 if cfg.method == "naive" else 2
+    measure = phases.phase("measure B", n_measure)
+    own_a = evaluate(a, es, cancel=cancel)  # A in its own width: the lift must reproduce it
+    measure(1, n_measure, f"model A: loss {own_a['loss']:.4f}")
+    loss_b = None
+    if cfg.method != "naive":  # B is moved in place below
+        loss_b = evaluate(b, es, cancel=cancel)["loss"]
+        measure(2, 2, f"model B: loss {loss_b:.4f}")
+    t_check = time.perf_counter() - t1
+    arch_a = a.arch
+    del a
+    al = align(lifted, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
+               cancel=cancel, **run_options(cfg.extra))
+    from engine.progress import naive_paths, relabel
+
+    n_paths = naive_paths(b.arch) if cfg.method == "naive" else 1
+    tick = phases.phase("interpolate", n_paths * cfg.points)
+    path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),
+                       cancel=cancel, train_es=train_es)
+    t1 = time.perf_counter()
+    check = endpoint_check(b, al, es, path["endpoint_loss_b"], loss_b)
+    tol = TOLERANCE.get(next(b.module.parameters()).dtype, 1e-4)
+    lifted_loss = path["endpoint_loss_a"]
+    rel = abs(lifted_loss - own_a["loss"]) / max(abs(own_a["loss"]), 1e-30)
+    lift = lift_info(arch_a, b.arch) | {
+        "loss_a": own_a["loss"], "loss_a_lifted": lifted_loss, "abs_diff": abs(lifted_loss - own_a["loss"]),
+        "rel_diff": rel, "tolerance": tol, "exact": rel <= tol}
+    if own_a["accuracy"] is not None:
+        lift |= {"accuracy_a": own_a["accuracy"], "accuracy_a_lifted": path["accuracy"][0]}
+    if rel > tol:
+        raise ExactnessError(f"Lifting {cfg.model_a} into {cfg.model_b}'s shape changed its loss from "
+                             f"{own_a['loss']:.6g} to {lifted_loss:.6g} (relative {rel:.1e} > {tol:.0e}): the lift "
+                             "is not exact.")
+    timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
+    alignment = alignment_record(al)
+    extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out, "lift": lift}
+    if attribution:
+        from engine.attribution import attribute, subset
+
+        extra["attribution"] = attribute(al, subset(es), path, cancel=cancel, progress=phases.phase("attribution"))
+        timings["attribution"] = extra["attribution"]["seconds"]
+    if cfg.method == "naive":  # the identity walked in the aligned runs' coordinates (norms folded)
+        t1 = time.perf_counter()
+        extra |= naive_in_aligned_coordinates(al.model_a, al.model_b, es, cfg.points, path, cancel=cancel,
+                                              progress=relabel(tick, "aligned coordinates, ", cfg.points,
+                                                               n_paths * cfg.points))
+        timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
+    return make_record(cfg, path, timings, arch=b.arch.to_dict(), alignment=alignment, endpoint_check=check, **extra)
+
+
+def widen_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "widen"
+
+
+def widen_file(model_a: str, model_b: str, method: str, root: Path | None = None) -> Path:
+    """The stored record of a pair and method, named by the models' zoo (or directory) names."""
+    return widen_dir(root) / f"{display_name(model_a)}__{display_name(model_b)}__{method}.json"
+
+
+def widen_pairs() -> list[tuple[str, str]]:
+    """The zoo's width-heterogeneous pairs: each wider model's seed-0 recipe with the zoo's own width's seed 0."""
+    return [(n.replace(f"-w{e.width}", ""), n) for n, e in ENTRIES.items()
+            if e.width is not None and e.seed == 0 and n.replace(f"-w{e.width}", "") in ENTRIES]
+
+
+def widen_records(root: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored width-heterogeneous record (sorted by pair, then naive before the aligners) and a
+    sentence per file skipped as unusable."""
+    from engine.align import METHODS
+    from engine.results import load_record
+
+    d = widen_dir(root)
+    recs, skipped = [], []
+    for f in sorted(d.glob("*__*__*.json")) if d.is_dir() else []:
+        try:
+            rec = load_record(f)
+        except LMCError as e:
+            skipped.append(str(e))
+            continue
+        if "lift" not in rec:
+            skipped.append(f"Result file {f} is not a width-heterogeneous record (it has no lift).")
+            continue
+        recs.append(rec)
+    order = {m: i for i, m in enumerate(METHODS)}
+    recs.sort(key=lambda r: (r["model_a"], r["model_b"], order.get(r["method"], len(order)), r["method"]))
+    return recs, skipped
+
+
+def widen_stamp() -> int:
+    """Changes when a stored width-heterogeneous record is written: a cache key for widen_records."""
+    d = widen_dir()
+    return hash(tuple((f.name, _mtime(f)) for f in sorted(d.glob("*.json")))) if d.is_dir() else 0
+
+
+def build_widen(methods: tuple[str, ...] = WIDEN_METHODS, eval_items: int | None = DEFAULT_EVAL_ITEMS,
+                force: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+    """The width-heterogeneous records of the zoo (widen_pairs x `methods`) into the store's widen/ directory;
+    a record whose config hash is that of the run it would do is kept unless `force`."""
+    from engine.models.io import check_output_dir
+    from engine.results import load_record, write_record
+
+    check_output_dir(widen_dir(), overwrite=True, name="Widen store")
+    todo = widen_pairs()
+    for a, b in todo:  # every model is built before any work starts
+        resolve(a)
+        resolve(b)
+    out = []
+    for a, b in todo:
+        for m in methods:
+            cfg = RunConfig(a, b, m, eval_items=eval_items)
+            f = widen_file(a, b, m)
+            old = None
+            if f.is_file() and not force:
+                try:
+                    old = load_record(f)
+                except LMCError:
+                    old = None
+            if old is not None and old["config_hash"] == final_config(cfg, check_widen(a, b)[0].arch.task).hash():
+                out.append(old)
+                continue
+            if log:
+                log(f"widen: {a} into {b}, {m}")
+            rec = widen_pair(cfg)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            write_record(rec, f)
+            out.append(rec)
+    return out
+
+
 # The class ablation: weight matching on every zoo pair with each symmetry class alone and all of
 # them together, on a reduced evaluation (the first 8,192 tokens, or every test image, at 11 points)
 # so the whole build fits in minutes; one small JSON per pair under cached_results/ablation/.

@@ -1,4 +1,4 @@
-"""`python -m engine ...`: train, zoo, interpolate, align, cache, runs, symmetry.
+"""`python -m engine ...`: train, zoo, interpolate, align, widen, cache, runs, symmetry.
 
 Every user error is one line `error: ...` on stderr and exit status 2, never a traceback: bad
 arguments (argparse's own errors included), bad model directories and configs, and output locations
@@ -195,6 +195,16 @@ def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = Non
     return target
 
 
+def _finite_result(rec: dict) -> None:
+    """Refuse a result whose path is not finite (an interpolated model that overflows): its numbers
+    would leave the tool as NaN, which JSON does not have, and a barrier of NaN says nothing."""
+    bad = [f"{t:.2f}" for t, v in zip(rec["lambdas"], rec["loss"]) if not math.isfinite(v)]
+    if bad or not math.isfinite(rec["barrier"]):
+        where = f" at lambda {', '.join(bad[:5])}" if bad else ""
+        raise LMCError(f"The loss along the path is not finite{where} (the interpolated models overflow); "
+                       "no record was written.")
+
+
 def _not_a_zoo_name(path: Path, flag: str) -> None:
     """A model written under a zoo model's bare name would be shadowed by it: every command reads that
     name as the zoo model."""
@@ -318,6 +328,7 @@ def cmd_interpolate(args) -> None:
     _print_path_table(rec)
     _print_classes(rec)
     _print_attribution(rec)
+    _finite_result(rec)
     if args.out and _rank_zero():
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
@@ -358,7 +369,46 @@ def cmd_align(args) -> None:
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
         print(f"merged model format: {rec['merged']['format']}")
+    _finite_result(rec)
     if args.out and _rank_zero():
+        write_record(rec, Path(args.out))
+        print(f"wrote {args.out}")
+
+
+def cmd_widen(args) -> None:
+    """Lift A into B's wider shape, align B onto lifted A, interpolate in B's width (docs/MATH.md section 8)."""
+    from engine.align import METHODS
+    from engine.api import check_widen, widen_pair
+    from engine.results import RunConfig, resolve_device, write_record
+    from engine.zoo import resolve
+
+    if args.steps and not METHODS[args.method].default_steps:
+        raise LMCError(f"--steps sets the optimisation budget of learned and dual matching; method "
+                       f"{args.method} has no steps.")
+    device = resolve_device(args.device)
+    check_widen(args.model_a, args.model_b)  # from the configs: refused before anything loads
+    _check_out(args.out, [resolve(args.model_a), resolve(args.model_b)])
+    cfg = RunConfig(model_a=args.model_a, model_b=args.model_b, method=args.method,
+                    classes=tuple(args.classes or ()), steps=args.steps, points=args.points, eval_split=args.split,
+                    eval_items=args.eval_items, seed=args.seed, device=device, dtype=args.dtype)
+    bars = _progress_bar(f"widen, {args.method}")
+    try:
+        rec = widen_pair(cfg, progress=bars, attribution=not args.no_attribution)
+    finally:
+        bars.close()
+    lift, chk = rec["lift"], rec["endpoint_check"]
+    wa, wb = lift["widths_a"], lift["widths_b"]
+    print(f"lift: D {wa['d_model']} -> {wb['d_model']}, {wa['n_heads']} -> {wb['n_heads']} heads of {wa['d_head']} -> "
+          f"{wb['d_head']}, MLP {wa['d_mlp']} -> {wb['d_mlp']}; writers x {lift['stream_scale']:.4f}, "
+          f"W_Q and W_K x {lift['qk_scale']:.4f}")
+    print(f"lift check: loss of A {lift['loss_a']:.6f}, lifted {lift['loss_a_lifted']:.6f} "
+          f"(relative {lift['rel_diff']:.1e}, tolerance {lift['tolerance']:.0e})")
+    _print_path_table(rec)
+    _print_classes(rec)
+    _print_attribution(rec)
+    if args.method != "naive":
+        print(f"endpoint check: loss of B {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})")
+    if args.out:
         write_record(rec, Path(args.out))
         print(f"wrote {args.out}")
 
@@ -382,6 +432,16 @@ def cmd_cache(args) -> None:
             raise LMCError("--methods does not apply to `cache build --ablation`: the ablation runs weight matching.")
         out = build_ablation(only=only, force=args.force, log=lambda s: print(s, file=sys.stderr))
         print(f"{sum(len(a['runs']) for a in out)} ablation run(s) for {len(out)} pair(s) in {ablation_dir()}")
+        return
+    if args.widen:
+        from engine.api import WIDEN_METHODS, build_widen, widen_dir
+
+        if args.only is not None:
+            raise LMCError("--only does not apply to `cache build --widen`: it builds the zoo's width-heterogeneous "
+                           "pairs.")
+        out = build_widen(tuple(args.methods or WIDEN_METHODS), eval_items=args.eval_items, force=args.force,
+                          log=lambda s: print(s, file=sys.stderr))
+        print(f"{len(out)} width-heterogeneous record(s) in {widen_dir()}")
         return
     if args.planes:
         from engine.api import build_planes, plane_dir
@@ -691,10 +751,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--planes", action="store_true",
                    help="build the loss planes instead (A, B and B weight-matched; 11 x 11 points of 8,192 items) "
                         "into cached_results/plane/")
+    p.add_argument("--widen", action="store_true",
+                   help="build the width-heterogeneous records instead (each narrow zoo ViT lifted into its wider "
+                        "twin's shape; naive and weight matching) into cached_results/widen/")
     p.add_argument("--symmetry", action="store_true",
                    help="build only the zoo's symmetry reports (cached_results/symmetry/; a plain build writes them "
                         "too)")
     p.set_defaults(fn=cmd_cache)
+
+    p = sub.add_parser("widen", help="lift a narrower model A into the wider B's shape, align B onto it, measure "
+                                     "the loss barrier in B's width")
+    p.add_argument("model_a", type=_path, help="the narrower model: zoo name or model directory")
+    p.add_argument("model_b", type=_path, help="the wider model: zoo name or model directory")
+    p.add_argument("--method", default="weight", choices=list(METHODS))
+    p.add_argument("--classes", nargs="+", choices=list(CLASSES), default=None,
+                   help="symmetry classes to use (default: every exact class of the model)")
+    p.add_argument("--steps", type=_int_in(0, MAX_STEPS, "optimisation steps; 0 for the method's default"), default=0,
+                   help="learned / dual optimisation steps (0: the method's default)")
+    p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
+    p.add_argument("--points", type=_int_in(2, MAX_POINTS, "grid points on the path, endpoints included"),
+                   default=21, help=f"grid points on the path, endpoints included (2 to {MAX_POINTS:,})")
+    p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
+    p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
+                   help="scored tokens (LM) or images (ViT) per point, or 'all' (default 65,536: every test image)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="the dtype both models are loaded and run in (float64: the lift exact to 1e-12, slower)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto (default): cuda when torch sees a GPU, else cpu")
+    p.add_argument("--out", type=_path, default=None, help="write the result record (JSON) here")
+    p.add_argument("--no-attribution", action="store_true",
+                   help="skip attributing the midpoint barrier to layers and classes")
+    p.set_defaults(fn=cmd_widen)
 
     p = sub.add_parser("runs", help="list, show or delete the live runs kept in the run history")
     p.add_argument("action", choices=["list", "show", "delete"])

@@ -142,6 +142,61 @@ def plane_section(sel: sidebar.Selection, names: dict[str, str], charts: downloa
         charts.show(path_figs.plane_figure(plane, names), key="plane_chart")
 
 
+@st.cache_data(show_spinner=False)
+def stored_widen(store: str, stamp: int) -> tuple[list[dict], list[str]]:
+    """The stored width-heterogeneous records and a sentence per file skipped; `stamp` renews it after a build."""
+    return api.widen_records(store)
+
+
+def widen_section(sel: sidebar.Selection, names: dict[str, str], charts: downloads.Charts) -> None:
+    """Across widths: a narrow zoo model lifted exactly into a wider one's shape, B aligned onto it, the path in
+    B's width (docs/MATH.md section 8), from the store. Open when the sidebar pair holds a wider model."""
+    if sel.custom:
+        return
+    try:
+        recs, skipped = stored_widen(str(api.cache_dir()), api.widen_stamp())
+    except api.LMCError as e:
+        messages.error(e)
+        return
+    zoo = api.widen_pairs()
+    recs = [r for r in recs if r.get("arch", {}).get("task", sel.task) == sel.task]
+    if not recs and sel.task not in {api.ENTRIES[a].task for a, _ in zoo}:
+        return
+    pairs = list(dict.fromkeys((r["model_a"], r["model_b"]) for r in recs))
+    mine = [p for p in pairs if p[1] in (sel.model_a, sel.model_b)]
+    with st.expander("Across widths: a narrow model lifted into a wider one", icon=":material/open_in_full:",
+                     expanded=bool(mine)):
+        for s in skipped:
+            st.warning(s)
+        if not recs:
+            st.caption("No width-heterogeneous run is stored: `python -m engine widen A B` computes one, "
+                       "`python -m engine cache build --widen` the zoo's.")
+            return
+        label = {p: f"{api.display_name(p[0])} into {api.display_name(p[1])}" for p in pairs}
+        pick = pairs[0] if len(pairs) == 1 else st.selectbox(
+            "Pair", pairs, index=pairs.index(mine[0]) if mine else 0, format_func=label.get, key="widen_pick")
+        shown = [r for r in recs if (r["model_a"], r["model_b"]) == pick]
+        lift = shown[0]["lift"]
+        wa, wb = lift["widths_a"], lift["widths_b"]
+        st.caption(
+            f"`{api.display_name(pick[0])}` (D = {wa['d_model']}, {wa['n_heads']} heads of {wa['d_head']}, MLP "
+            f"{wa['d_mlp']}) lifted into the shape of `{api.display_name(pick[1])}` (D = {wb['d_model']}, "
+            f"{wb['n_heads']} heads of {wb['d_head']}, MLP {wb['d_mlp']}): its units embedded, the rest zero, the "
+            f"stream scaled by {lift['stream_scale']:.3f} so that RMSNorm sees what it saw. The lifted model computes A's "
+            f"function (test loss {lift['loss_a']:.4f}, lifted {lift['loss_a_lifted']:.4f}); B is aligned onto it "
+            f"and the path runs in width {wb['d_model']}.")
+        charts.show(path_figs.barrier_figure(shown, [], f"Loss along the path in width {wb['d_model']}", names,
+                                             highlight=sel.method if any(r["method"] == sel.method for r in shown)
+                                             else None, show_train=False), key="widen_chart")
+        rows = path_figs.summary_rows(shown, [], names)
+        fmt = st.column_config.NumberColumn
+        st.dataframe([{k: v for k, v in r.items() if k != "train barrier"} for r in rows], hide_index=True,
+                     key="widen_table", width="stretch", column_config={
+                         "barrier": fmt("barrier", format="%.4f"), "vs naive": fmt("vs naive", format="%+.4f"),
+                         "midpoint": fmt("midpoint", format="%.4f"),
+                         "accuracy drop (pt)": fmt("acc. drop", format="%.1f")})
+
+
 def export_section(cached: list[dict], live: list[dict], names: dict[str, str], charts: downloads.Charts) -> None:
     """Downloads: one record and its group element, every curve as CSV, every figure as HTML."""
     curves = [(r, path_figs.curve_name(r, names), "cached") for r in cached] + \
@@ -285,6 +340,7 @@ with left:
                        + (" Dotted: the train curves." if any_train else " These records hold the test split only."))
         export_section(cached, live, names, charts)
     plane_section(sel, names, charts)
+    widen_section(sel, names, charts)
 
 st.subheader("The model zoo")
 rows = api.zoo_manifest()
