@@ -164,11 +164,12 @@ def _index_naming(c: Ctx, shard: str) -> str:
     return str(d)
 
 
-def _huge_weights(c: Ctx) -> str:
-    """B with one tensor at 1e37: finite, but 100 times it is not a float32."""
+def _huge_weights(c: Ctx, key: str = "embed.tok", value: float = 1e37) -> str:
+    """B with one tensor at `value`: finite weights (1e37: 100 times it is not a float32; a head at 3e38:
+    its logits overflow)."""
     d = Path(c.model("m1"))
     state = load_file(str(d / "model.safetensors"))
-    state["embed.tok"] = torch.full_like(state["embed.tok"], 1e37)
+    state[key] = torch.full_like(state[key], value)
     save_file(state, str(d / "model.safetensors"))
     return str(d)
 
@@ -294,6 +295,8 @@ CASES: dict[str, Case] = {
     "save-merged-as-a-zoo-name": (lambda c: [A, c.a, c.b, "--save-merged", "lm-rope-s0"], "name of a zoo model"),
     "alpha-1e38-extrapolated": (lambda c: [A, c.a, c.b, "--save-merged", "out", "--alpha", "1e38", "--extrapolate"],
                                 "too far"),
+    "path-not-finite": (lambda c: [I, c.a, _huge_weights(c, "head.W", 3e38), "--points", "3", "--eval-items", "128",
+                                   "--out", "r.json"], "is not finite"),
     "alpha-overflows-the-weights": (lambda c: [A, c.a, _huge_weights(c), "--points", "2", "--eval-items", "128",
                                                "--save-merged", "out", "--alpha", "100", "--extrapolate"], "overflow"),
     "alpha-without-save": (lambda c: [A, c.a, c.b, "--alpha", "0.3"], "add --save-merged"),
