@@ -15,6 +15,7 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
@@ -315,7 +316,6 @@ def _learned_extra(args) -> tuple[tuple[str, str], ...]:
 def cmd_interpolate(args) -> None:
     from engine.api import run_pair
     from engine.resources import check_run, describe
-    from engine.results import write_record
 
     _, device = _check_pair_args(args)
     cfg = _run_config(args, "naive", device)
@@ -325,24 +325,38 @@ def cmd_interpolate(args) -> None:
         rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=not args.no_attribution)
     finally:
         bars.close()
+    _report(rec, args.out)
+
+
+def _report(rec: dict, out: str | None, details: Callable[[], None] | None = None) -> None:
+    """A finished run: its path table, classes and attribution (then `details`), refused if its path is
+    not finite, written to `out` by process 0."""
+    from engine.results import write_record
+
     _print_path_table(rec)
     _print_classes(rec)
     _print_attribution(rec)
+    if details is not None:
+        details()
     _finite_result(rec)
-    if args.out and _rank_zero():
-        write_record(rec, Path(args.out))
-        print(f"wrote {args.out}")
+    if out and _rank_zero():
+        write_record(rec, Path(out))
+        print(f"wrote {out}")
 
 
-def cmd_align(args) -> None:
+def _check_steps(args) -> None:
     from engine.align import METHODS
-    from engine.api import run_pair
-    from engine.resources import check_run, describe
-    from engine.results import write_record
 
     if args.steps and not METHODS[args.method].default_steps:
         raise LMCError(f"--steps sets the optimisation budget of learned and dual matching; method "
                        f"{args.method} has no steps.")
+
+
+def cmd_align(args) -> None:
+    from engine.api import run_pair
+    from engine.resources import check_run, describe
+
+    _check_steps(args)
     _, device = _check_pair_args(args)
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
@@ -353,9 +367,10 @@ def cmd_align(args) -> None:
                        extrapolate=args.extrapolate, offload=args.offload, attribution=not args.no_attribution)
     finally:
         bars.close()
-    _print_path_table(rec)
-    _print_classes(rec)
-    _print_attribution(rec)
+    _report(rec, args.out, lambda: _print_alignment(rec, args, alpha))
+
+
+def _print_alignment(rec: dict, args, alpha: float) -> None:
     al, chk = rec["alignment"], rec["endpoint_check"]
     print(f"classes {', '.join(al['classes']) or '-'}  align {al['seconds']:.1f} s  "
           f"endpoint check: loss {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})"
@@ -369,22 +384,15 @@ def cmd_align(args) -> None:
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
         print(f"merged model format: {rec['merged']['format']}")
-    _finite_result(rec)
-    if args.out and _rank_zero():
-        write_record(rec, Path(args.out))
-        print(f"wrote {args.out}")
 
 
 def cmd_widen(args) -> None:
     """Lift A into B's wider shape, align B onto lifted A, interpolate in B's width (docs/MATH.md section 8)."""
-    from engine.align import METHODS
     from engine.api import check_widen, widen_pair
-    from engine.results import RunConfig, resolve_device, write_record
+    from engine.results import RunConfig, resolve_device
     from engine.zoo import resolve
 
-    if args.steps and not METHODS[args.method].default_steps:
-        raise LMCError(f"--steps sets the optimisation budget of learned and dual matching; method "
-                       f"{args.method} has no steps.")
+    _check_steps(args)
     device = resolve_device(args.device)
     check_widen(args.model_a, args.model_b)  # from the configs: refused before anything loads
     _check_out(args.out, [resolve(args.model_a), resolve(args.model_b)])
@@ -396,6 +404,10 @@ def cmd_widen(args) -> None:
         rec = widen_pair(cfg, progress=bars, attribution=not args.no_attribution)
     finally:
         bars.close()
+    _report(rec, args.out, lambda: _print_lift(rec, args.method))
+
+
+def _print_lift(rec: dict, method: str) -> None:
     lift, chk = rec["lift"], rec["endpoint_check"]
     wa, wb = lift["widths_a"], lift["widths_b"]
     print(f"lift: D {wa['d_model']} -> {wb['d_model']}, {wa['n_heads']} -> {wb['n_heads']} heads of {wa['d_head']} -> "
@@ -403,14 +415,8 @@ def cmd_widen(args) -> None:
           f"W_Q and W_K x {lift['qk_scale']:.4f}")
     print(f"lift check: loss of A {lift['loss_a']:.6f}, lifted {lift['loss_a_lifted']:.6f} "
           f"(relative {lift['rel_diff']:.1e}, tolerance {lift['tolerance']:.0e})")
-    _print_path_table(rec)
-    _print_classes(rec)
-    _print_attribution(rec)
-    if args.method != "naive":
+    if method != "naive":
         print(f"endpoint check: loss of B {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})")
-    if args.out:
-        write_record(rec, Path(args.out))
-        print(f"wrote {args.out}")
 
 
 def cmd_cache(args) -> None:
