@@ -274,7 +274,7 @@ def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | Non
         size = eval_size(arch.task, arch.n_ctx, cfg.eval_items)
     except (LMCError, OSError):
         return dict.fromkeys(PHASES)
-    steps = cfg.steps or api.method_steps(cfg.method)
+    steps = cfg.steps or api.method_steps(cfg.method, arch.task)
     return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs,
                                 train_size=api.train_items(arch.task, size),
                                 attribution_size=api.attribution_items(arch.task, size))

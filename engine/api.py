@@ -179,7 +179,7 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
     if cfg.method not in METHODS:
         raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
     data = digits_sha256() if task == "vit" else default_splits().sha256
-    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), METHODS[cfg.method].default_steps)
+    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), METHODS[cfg.method].steps(task))
     return replace(cfg, steps=steps, data_sha256=data,
                    device=resolve_device(cfg.device))
 
@@ -955,11 +955,12 @@ def method_names() -> dict[str, str]:
     return {name: m.display_name for name, m in METHODS.items()}
 
 
-def method_steps(method: str) -> int:
-    """The optimisation budget a run of `method` asking for 0 steps gets (0: no steps, or no such method)."""
+def method_steps(method: str, task: str | None = None) -> int:
+    """The optimisation budget a run of `method` on `task` asking for 0 steps gets (0: no steps, or no
+    such method)."""
     from engine.align import METHODS
 
-    return METHODS[method].default_steps if method in METHODS else 0
+    return METHODS[method].steps(task) if method in METHODS else 0
 
 
 def eval_size(task: str, n_ctx: int, eval_items: int | None, split: str = "test") -> int:

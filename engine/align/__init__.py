@@ -22,7 +22,7 @@ from engine.align import activation, dual, learned, naive, weight
 from engine.align.activation import align_activations
 from engine.align.common import AlignContext, AlignOutput
 from engine.align.dual import align_dual
-from engine.align.learned import DEFAULT_STEPS, align_learned
+from engine.align.learned import DEFAULT_STEPS, TASK_STEPS, align_learned
 from engine.align.naive import align_naive
 from engine.align.weight import align_weights
 from engine.classes import CLASSES
@@ -36,10 +36,15 @@ class Method:
     reference: str
     fn: Callable[[AlignContext], AlignOutput]
     uses_data: bool  # reads training data (activation statistics or task-loss gradients)
-    default_steps: int = 0  # optimisation budget when a run asks for 0 steps
+    default_steps: int = 0  # optimisation budget when a run asks for 0 steps (0: a method without steps)
+    task_steps: dict[str, int] | None = None  # per task, where it differs from default_steps
     # peak scratch memory beyond the two models, in bytes, from the config alone (engine.resources):
     # (arch, parameters of one model, parameters of one block, bytes per element of the run's dtype)
     scratch: Callable[[Arch, int, int, int], int] | None = None
+
+    def steps(self, task: str | None) -> int:
+        """The budget of a run on `task` that asks for 0 steps."""
+        return (self.task_steps or {}).get(task, self.default_steps)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
@@ -51,9 +56,9 @@ METHODS: dict[str, Method] = {m.name: m for m in [
     Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
            align_activations, True, scratch=activation.scratch_bytes),
     Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
-           "estimator", align_learned, True, DEFAULT_STEPS, scratch=learned.scratch_bytes),
+           "estimator", align_learned, True, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes),
     Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
-           align_dual, True, DEFAULT_STEPS, scratch=dual.scratch_bytes),
+           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes),
 ]}
 
 __all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method"]

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
-from engine.align.learned import DEFAULT_STEPS, RECORD, items_per_pass, mean_loss, optimise, relative, starting_element
+from engine.align.learned import RECORD, TASK_STEPS, items_per_pass, mean_loss, optimise, relative, starting_element
 from engine.align.learned import scratch_bytes as learned_scratch
 from engine.models.base import Arch
 from engine.progress import relabel
@@ -81,7 +81,7 @@ def dual_identity(pair: Pair, g_a: GroupElement, g_b: GroupElement,
 def align_dual(ctx: AlignContext) -> AlignOutput:
     """Dual learned matching (registry entry `dual`); returns g_A^{-1} g_B and A's own g_A."""
     t = tick()
-    steps = ctx.steps or DEFAULT_STEPS
+    steps = ctx.steps or TASK_STEPS[ctx.pair.arch.task]
     g0 = starting_element(ctx)
     t_init = t()
     # one stretch of progress for both optimisations: the dual steps, then the one-sided comparison's

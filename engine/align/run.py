@@ -88,7 +88,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     kinds = choice.classes
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
-    steps = step_budget(steps, time_budget_s, METHODS[method].default_steps)
+    steps = step_budget(steps, time_budget_s, METHODS[method].steps(a.arch.task))
     ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned,
                       weight=weight)

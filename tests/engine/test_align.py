@@ -459,7 +459,7 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
         save_model(build(tiny(pe="rope", n_ctx=32), seed=s), tmp_path / "zoo" / f"lm-rope-s{s}")
     monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "cache"))
-    short = {k: replace(v, default_steps=2 if v.default_steps else 0) for k, v in METHODS.items()}
+    short = {k: replace(v, default_steps=2 if v.default_steps else 0, task_steps=None) for k, v in METHODS.items()}
     monkeypatch.setattr(registry, "METHODS", short)
     monkeypatch.setattr(run, "METHODS", short)
     recs = build_cache(methods=list(METHODS), eval_items=256, only=[("lm-rope-s0", "lm-rope-s1")])
