@@ -1,10 +1,13 @@
-"""The view in the address bar, in a real browser: a pasted link opens its page, pair, method and
-options, and picking another method rewrites the URL (app/url_state.py)."""
+"""The view in the address bar, in a real browser: a pasted link opens its page, method and options,
+and the app writes the whole view (the pair too) back into the URL (app/url_state.py; AppTest covers
+the URL following later picks: tests/app/test_url_state.py)."""
 
 import time
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+
+from engine import zoo
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +29,7 @@ def wait_query(page, key: str, value: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_pasted_link_opens_its_view_and_the_url_follows(page, streamlit_url):
+def test_a_pasted_link_opens_its_view_and_the_url_names_it_whole(page, streamlit_url):
     page.goto(f"{streamlit_url}/alignment?method=weight&tab=One+layer&layer=1")
     page.wait_for_selector('h1:has-text("Alignment")')
     wait_idle(page)
@@ -37,9 +40,6 @@ def test_a_pasted_link_opens_its_view_and_the_url_follows(page, streamlit_url):
     wait_query(page, "layer", "1")
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / "url_state_alignment.png"))
-    method.click()
-    page.get_by_role("option", name="Naive (no alignment)").click()
-    page.wait_for_function("() => document.querySelector('[aria-label=\"Alignment method\"]').value"
-                           " === 'Naive (no alignment)'", timeout=120_000)
-    wait_query(page, "method", "naive")
+    a, b = zoo.pairs()[0]  # the sidebar's default pair, which the link did not name, is written in
+    wait_query(page, "pair", f"{a}__{b}")
     assert urlparse(page.url).path.endswith("/alignment")
