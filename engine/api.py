@@ -187,6 +187,19 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
 MAX_EXTRAPOLATION = 100.0  # |alpha| of an extrapolated save: beyond, the weights are alpha (theta_B - theta_A)
 
 
+def load_both(cfg: RunConfig, device: str, phases: Phases, cancel: CancelToken | None,
+              units: int = 2) -> tuple[Model, Model, Callable]:
+    """Models A and B of `cfg` on `device`, each a unit of the "load" phase (of `units`; the caller
+    ticks the rest), `cancel` checked before each. Returns both and the phase's tick."""
+    tick = phases.phase("load", units)
+    models = []
+    for i, (role, name) in enumerate((("A", cfg.model_a), ("B", cfg.model_b)), 1):
+        check_cancel(cancel, f"loading, model {role}")
+        models.append(load_named(name, cfg.dtype, device))
+        tick(i, units, f"model {role}: {models[-1].name}")
+    return models[0], models[1], tick
+
+
 def check_alpha(alpha: float, extrapolate: bool = False) -> float:
     """The position of a saved model on the path: finite, and in [0, 1] unless extrapolating on purpose
     (then within MAX_EXTRAPOLATION of the segment)."""
@@ -251,13 +264,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     phases = Phases(progress)
     t0 = time.perf_counter()
     home = "cpu" if offload else device  # where the endpoints live
-    tick = phases.phase("load", 2)
-    check_cancel(cancel, "loading, model A")
-    a = load_named(cfg.model_a, cfg.dtype, home)
-    tick(1, 2, f"model A: {a.name}")
-    check_cancel(cancel, "loading, model B")
-    b = load_named(cfg.model_b, cfg.dtype, home)
-    tick(2, 2, f"model B: {b.name}")
+    a, b = load_both(cfg, home, phases, cancel)[:2]
     check_same_architecture(a, b)
     if save_merged is not None and cfg.path == "circuits" and a.arch.pe == "rope":
         raise LMCError("--save-merged cannot write a model of the circuit path under RoPE: its doubled heads "
@@ -529,13 +536,7 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     check_run(replace(cfg, model_a=cfg.model_b, device=device))  # lifted A has B's shape: memory as for B with B
     phases = Phases(progress)
     t0 = time.perf_counter()
-    tick = phases.phase("load", 3)
-    check_cancel(cancel, "loading, model A")
-    a = load_named(cfg.model_a, cfg.dtype, device)
-    tick(1, 3, f"model A: {a.name}")
-    check_cancel(cancel, "loading, model B")
-    b = load_named(cfg.model_b, cfg.dtype, device)
-    tick(2, 3, f"model B: {b.name}")
+    a, b, tick = load_both(cfg, device, phases, cancel, units=3)
     lifted, b = widen_models(a, b)
     tick(3, 3, f"{a.name} lifted to D = {lifted.arch.d_model}")
     es = eval_set_for(b, cfg.eval_split, cfg.eval_items)
