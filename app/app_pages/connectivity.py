@@ -188,11 +188,11 @@ def widen_section(sel: sidebar.Selection, names: dict[str, str], charts: downloa
         charts.show(path_figs.barrier_figure(shown, [], f"Loss along the path in width {wb['d_model']}", names,
                                              highlight=sel.method if any(r["method"] == sel.method for r in shown)
                                              else None, show_train=False), key="widen_chart")
-        rows = path_figs.summary_rows(shown, [], names)
+        rows = _vs_naive_text(path_figs.summary_rows(shown, [], names))
         fmt = st.column_config.NumberColumn
         st.dataframe([{k: v for k, v in r.items() if k != "train barrier"} for r in rows], hide_index=True,
                      key="widen_table", width="stretch", column_config={
-                         "barrier": fmt("barrier", format="%.4f"), "vs naive": fmt("vs naive", format="%+.4f"),
+                         "barrier": fmt("barrier", format="%.4f"), "vs naive": st.column_config.TextColumn("vs naive"),
                          "midpoint": fmt("midpoint", format="%.4f"),
                          "accuracy drop (pt)": fmt("acc. drop", format="%.1f")})
 
@@ -214,9 +214,17 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
             charts.download_button(key="export_figures")
 
 
+def _vs_naive_text(rows: list[dict]) -> list[dict]:
+    """'vs naive' as text: '+0.1234', or '-' where there is nothing to compare (the naive curve itself)."""
+    for row in rows:
+        if "vs naive" in row:
+            row["vs naive"] = "-" if row["vs naive"] is None else f"{row['vs naive']:+.4f}"
+    return rows
+
+
 def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -> None:
     """The numbers, once, under the chart: one narrow row per curve, the endpoints in a caption."""
-    rows = path_figs.summary_rows(cached, live, names)
+    rows = _vs_naive_text(path_figs.summary_rows(cached, live, names))
     for row in rows:  # a record from before train curves has none: "-", not an empty number
         if "train barrier" in row:
             row["train barrier"] = "-" if row["train barrier"] is None else f"{row['train barrier']:.4f}"
@@ -225,7 +233,8 @@ def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -
     st.dataframe(rows, hide_index=True, key="summary_table", width="stretch", column_config={
         "curve": st.column_config.TextColumn("curve", width="medium"),
         "barrier": fmt("barrier", format="%.4f", help=f"Largest rise of the loss above the chord, in {unit}."),
-        "vs naive": fmt("vs naive", format="%+.4f", help="Barrier minus the naive barrier on the same evaluation."),
+        "vs naive": st.column_config.TextColumn("vs naive", help="Barrier minus the naive barrier on the same "
+                                                                  "evaluation; - for the naive curve itself."),
         "midpoint": fmt("midpoint", format="%.4f", help=f"Loss minus chord at λ = 0.5, in {unit}."),
         "train barrier": st.column_config.TextColumn(
             "train barrier", help=f"The barrier of the same path on a sample of the train split, in {unit}; "
