@@ -332,14 +332,12 @@ def plane_pair(model_a: str, model_b: str, method: str = "weight", grid: int | N
     """The loss over the plane through A, B and B aligned by `method` (engine.plane), as a record:
     the grid's coordinates and losses, where the three models sit, the evaluation set and provenance."""
     from engine.align import METHODS
-    from engine.plane import GRID, plane_of
+    from engine.plane import GRID, check_method, plane_of
     from engine.results import provenance
 
     if method not in METHODS:
         raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
-    if method == "naive":
-        raise LMCError("The loss plane needs an aligning method: naive leaves B where it is, so A, B and "
-                       "aligned B span no plane.")
+    check_method(method)  # before anything loads
     check_pair(model_a, model_b)
     a, b = load_named(model_a, dtype), load_named(model_b, dtype)
     check_same_architecture(a, b)
@@ -373,9 +371,7 @@ def build_planes(only: list[tuple[str, str]] | None = None, force: bool = False,
                  log: Callable[[str], None] | None = None) -> list[dict]:
     """The loss plane (weight matching, PLANE_EVAL_ITEMS, an 11 x 11 grid) of every zoo pair into the
     store's plane/ directory; a pair whose plane is there is kept unless `force`."""
-    import json
-
-    from engine.models.io import check_output_dir, write_file_atomic
+    from engine.models.io import check_output_dir, write_json_atomic
 
     todo = list(only if only is not None else pairs())
     check_output_dir(plane_dir(), overwrite=True, name="Plane store")
@@ -390,8 +386,7 @@ def build_planes(only: list[tuple[str, str]] | None = None, force: bool = False,
         rec = plane_pair(a, b, PLANE_METHOD)
         f = plane_file(a, b)
         f.parent.mkdir(parents=True, exist_ok=True)
-        text = json.dumps(rec, indent=1, allow_nan=False) + "\n"
-        write_file_atomic(f, lambda tmp, text=text: tmp.write_text(text))
+        write_json_atomic(f, rec, allow_nan=False)
         out.append(rec)
     return out
 

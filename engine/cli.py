@@ -540,7 +540,7 @@ def cmd_runs(args) -> None:
 
 def cmd_plane(args) -> None:
     from engine.api import plane_pair
-    from engine.models.io import write_file_atomic
+    from engine.models.io import write_json_atomic
     from engine.zoo import resolve
 
     inputs = [resolve(args.model_a), resolve(args.model_b)]
@@ -559,8 +559,7 @@ def cmd_plane(args) -> None:
     flat = [v for row in rec["loss"] for v in row]
     print(f"loss from {min(flat):.4f} to {max(flat):.4f}  ({rec['seconds']:.1f} s)")
     if args.out:
-        text = json.dumps(rec, indent=1, allow_nan=False) + "\n"
-        write_file_atomic(Path(args.out), lambda tmp: tmp.write_text(text))
+        write_json_atomic(Path(args.out), rec, allow_nan=False)
         print(f"wrote {args.out}")
 
 

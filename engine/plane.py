@@ -111,12 +111,17 @@ def loss_plane(a: Model, b: Model, b_aligned: Model, es: EvalSet, n: int = GRID,
             "B_aligned": [ax["norm_d1"], 0.0]}, "axes": ax, "seconds": time.perf_counter() - t0}
 
 
-def plane_of(a: Model, b: Model, method: str, es: EvalSet, n: int = GRID, steps: int = 0, seed: int = 0,
-             progress: Progress | None = None, cancel: CancelToken | None = None) -> dict:
-    """Align B onto A with `method`, then the loss plane through A, B and aligned B (same coordinates)."""
+def check_method(method: str) -> None:
+    """Naive alignment leaves B where it is: A, B and 'aligned' B then span no plane."""
     if method == "naive":
         raise LMCError("The loss plane needs an aligning method: naive leaves B where it is, so A, B and "
                        "aligned B span no plane.")
+
+
+def plane_of(a: Model, b: Model, method: str, es: EvalSet, n: int = GRID, steps: int = 0, seed: int = 0,
+             progress: Progress | None = None, cancel: CancelToken | None = None) -> dict:
+    """Align B onto A with `method`, then the loss plane through A, B and aligned B (same coordinates)."""
+    check_method(method)
     al = align(a, b, method, steps=steps, seed=seed, cancel=cancel)
     check(cancel, "loss plane")
     out = loss_plane(al.model_a, al.pair.model_b, al.model_b, es, n, progress=progress, cancel=cancel)

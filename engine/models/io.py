@@ -480,10 +480,12 @@ def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
     return target
 
 
-def write_json_atomic(file: Path, obj) -> Path:
+def write_json_atomic(file: Path, obj, allow_nan: bool = True) -> Path:
+    """`obj` as indented JSON, atomically (write_file_atomic); `allow_nan` False refuses NaN and
+    Infinity (ValueError), which JSON does not have."""
     def write(tmp: Path) -> None:
         with open(tmp, "w") as f:
-            json.dump(obj, f, indent=1)
+            json.dump(obj, f, indent=1, allow_nan=allow_nan)
             f.write("\n")
 
     return write_file_atomic(Path(file), write)
