@@ -13,8 +13,10 @@ Convention (docs/MATH.md, notation and section 1), theta -> g.theta, new index i
 QK-norm (docs/MATH.md section 1): A_c is a scaled signed permutation in the RoPE commutant, with the same
 |A_c| in every KV group; W_Q, b_Q, W_K, b_K move by sign(A_c) and the q / k norm gains by |A| and |A^{-T}|.
 
-The per-parameter bookkeeping comes from the spec (engine/spec.py); this file only knows how each
-role transforms an axis. A `GroupElement` restricted to some kinds is the identity on the others.
+The per-parameter bookkeeping comes from the spec (engine/spec.py); this file alone knows how each
+role transforms an axis (`act`, the one interpreter of a spec, with permutations as hard gathers or, for
+learned matching, straight-through ones). A `GroupElement` restricted to some kinds is the identity on
+the others.
 
 Residual rotations need the norms out of the way first (docs/MATH.md section 3; engine/surgery.py does
 that). Residual permutations do not: gains and LayerNorm biases are permuted along.
@@ -22,8 +24,9 @@ that). Residual permutations do not: gains and LayerNorm biases are permuted alo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -41,6 +44,7 @@ __all__ = [
     "apply",
     "compose",
     "element_maps",
+    "gather",
     "identity",
     "invert",
     "layer_maps",
@@ -197,7 +201,7 @@ def sample(arch: Arch, kinds: Iterable[str] = KINDS, seed: int = 0, dtype: torch
                 scale = scale * (torch.randint(0, 2, (m,), generator=gen) * 2 - 1)
         layers.append(LayerElement(head_perm, qk.to(dtype), vo.to(dtype), mlp_perm, scale.to(dtype)))
     residual = base.residual
-    if "residual_orth" in kinds:
+    if "residual_orth" in kinds and not arch.post_norm:  # docs/MATH.md section 9: a post-norm stream has no rotations
         residual = random_orthogonal(arch.d_model, 1, gen)[0]
     elif "residual_perm" in kinds:
         residual = torch.eye(arch.d_model, dtype=torch.float64)[torch.randperm(arch.d_model, generator=gen)]
@@ -303,6 +307,14 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
         raise SpecError("The residual map is not orthogonal; only O(D) preserves the norms (docs/MATH.md section 3).")
     if not _is_perm_matrix(O) and "residual_orth" in spec.requires:
         raise SpecError(f"A residual rotation cannot be applied yet: {spec.requires['residual_orth']}.")
+    _check_post_norm_residual(spec, O)
+
+
+def _check_post_norm_residual(spec: Spec, O: Tensor) -> None:
+    """A post-norm stream allows permutations only (docs/MATH.md section 9)."""
+    if spec.arch.post_norm and not _is_perm_matrix(O):
+        raise SpecError("The residual map is not a permutation; a post-LayerNorm encoder's stream is normalised "
+                        "after every add, and only permutations commute with that (docs/MATH.md section 9).")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,8 +322,7 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
 
 
 def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
-    """x <- x M along `axis`; M [s, s], or a stack [n, s, s] indexed by by_axis // per."""
-    M = M.to(x.device)
+    """x <- x M along `axis`; M [s, s], or a stack [n, s, s] indexed by by_axis // per (M on x's device)."""
     if by_axis is None:
         return (x.movedim(axis, -1) @ M).movedim(-1, axis)
     Ms = M[torch.arange(x.shape[by_axis], device=x.device) // per]  # [size(by_axis), s, s]
@@ -323,7 +334,12 @@ def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Te
 def _along(v: Tensor, x: Tensor, axis: int) -> Tensor:
     shape = [1] * x.dim()
     shape[axis] = -1
-    return v.to(x.device).reshape(shape)  # broadcastable along `axis`
+    return v.to(x.device, x.dtype).reshape(shape)  # broadcastable along `axis`
+
+
+def gather(x: Tensor, axis: int, index: Tensor) -> Tensor:
+    """A permutation as a hard gather: index i of `axis` takes old index index[i] (`act`'s default)."""
+    return x.index_select(axis, index.to(x.device))
 
 
 def element_maps(g: GroupElement) -> dict[str, dict[str, Tensor] | None]:
@@ -365,31 +381,39 @@ def _qk_maps(A: Tensor) -> dict[str, Tensor]:
     return {"right": A, "right_inv_t": inv_t, **qk_norm_part(A, inv_t)}
 
 
-def act(ps: ParamSpec, mats: dict[str, dict[str, Tensor] | None], x: Tensor) -> Tensor:
-    """One parameter moved by the element whose `element_maps` are `mats`, computed in x's dtype.
+def act(ps: ParamSpec, mats: dict[str, dict | None], x: Tensor,
+        permute: Callable[[Tensor, int, Any], Tensor] = gather) -> Tensor:
+    """One parameter moved by the element whose maps are `mats`, computed in x's dtype on x's device.
 
-    Groups absent from `mats` act as the identity, so a caller can move one layer, or apply the
-    residual map alone, without building the rest of the element.
+    This is the one interpreter of a spec: every role's rule lives here. `permute(x, axis, entry)`
+    applies a permutation entry of `mats` (roles perm and perm_kv, and a residual permutation's
+    "index"): `gather` for the index vectors of `element_maps`; learned matching passes a
+    straight-through gather whose entries also carry the latent that receives the gradient
+    (engine.align.learned.permute). The other steps are autograd operations, so the result is
+    differentiable in x and in continuous maps that are functions of latents.
+
+    Groups absent from `mats`, or None there, act as the identity, so a caller can move one layer, or
+    apply the residual map alone, without building the rest of the element.
     """
     # permutations first: the matrices and scales are indexed by the new (permuted) index
     for axis, acts in enumerate(ps.axes):
         for a in acts:
             m = mats.get(a.group)
             if a.role in ("perm", "perm_kv") and m is not None:
-                x = x.index_select(axis, m[a.role].to(x.device))
+                x = permute(x, axis, m[a.role])
     for axis, acts in enumerate(ps.axes):
         for a in acts:
             m = mats.get(a.group)
             if m is None:
                 continue
             if "index" in m:  # residual permutation: writers, readers (Omega^{-T} = Omega), norms
-                x = x.index_select(axis, m["index"].to(x.device))
+                x = permute(x, axis, m["index"])
             elif a.role in MAP_ROLES:
-                x = _right(x, axis, m[a.role].to(x.dtype), a.by_axis, a.per)
+                x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
             elif a.role == "scale":
-                x = x * _along(m["scale"].to(x.dtype), x, axis)
+                x = x * _along(m["scale"], x, axis)
             elif a.role == "inv_scale":
-                x = x / _along(m["scale"].to(x.dtype), x, axis)
+                x = x / _along(m["scale"], x, axis)
             # a folded gain (all ones) is invariant under rotations; strict mode checked it is folded
     return x
 

@@ -23,11 +23,11 @@ solution. Each class has its own latent:
                                 scales are learned, the quarter turns and signs stay the start's
     mlp_scale                   s = s_0 exp(e)
 
-The loss needs gradients through the group action, so `act_ste` re-states engine/symmetry.apply with
-autograd: a permutation is a gather (`PermuteSTE`) whose backward also hands its latent the dense
-straight-through gradient dL/dP, a matmul, so no permutation matrix ever multiplies a weight; the
-continuous maps are differentiable functions of their latents. For hard elements `act_ste` equals
-apply (tests/engine/test_align.py). The forward pass is torch.func.functional_call on the
+The loss needs gradients through the group action, so `act_ste` runs engine/symmetry.act, the one
+interpreter of a spec, with each permutation a gather (`PermuteSTE`) whose backward also hands its
+latent the dense straight-through gradient dL/dP, a matmul, so no permutation matrix ever multiplies a
+weight; the continuous maps are differentiable functions of their latents. For hard elements `act_ste`
+equals apply (tests/engine/test_align.py). The forward pass is torch.func.functional_call on the
 reference-family twin (common.twin). The element returned is always the hard, exact one: the best
 seen on a fixed validation batch (midpoint loss), the weight-matching start included.
 
@@ -96,9 +96,8 @@ from engine.models import Model
 from engine.models.base import Arch, Params
 from engine.progress import Progress, relabel
 from engine.results import MAX_STEPS
-from engine.spec import ParamSpec, Spec
+from engine.spec import Spec
 from engine.symmetry import (
-    MAP_ROLES,
     GroupElement,
     LayerElement,
     act,
@@ -374,30 +373,21 @@ class PermuteSTE(torch.autograd.Function):
         return g_x, g_Z, None, None, None
 
 
-def permute(x: Tensor, axis: int, perm: Tensor, Z: Tensor, cand: Tensor | None = None) -> Tensor:
-    """x with index i of `axis` taking old index perm[i]; straight-through gradient to Z (dense
-    [n, n], or [n, k] on the candidate graph `cand`)."""
+def permute(x: Tensor, axis: int, entry: tuple[Tensor, Tensor, Tensor | None]) -> Tensor:
+    """x with index i of `axis` taking old index perm[i], entry = (perm, Z, cand): symmetry.act's
+    permutation step for a latent, with the straight-through gradient to Z (dense [n, n], or [n, k] on
+    the candidate graph cand; None: dense)."""
+    perm, Z, cand = entry
     return PermuteSTE.apply(x, Z, perm, axis, cand)
 
 
-def _right(x: Tensor, axis: int, M: Tensor, by_axis: int | None, per: int) -> Tensor:
-    """x <- x M along `axis` (engine/symmetry.py `_right`, restated here next to `act_ste`)."""
-    if by_axis is None:
-        return (x.movedim(axis, -1) @ M).movedim(-1, axis)  # same shape as x
-    Ms = M[torch.arange(x.shape[by_axis], device=M.device) // per]  # [size(by_axis), s, s]
-    y = x.movedim((by_axis, axis), (0, -1))  # [size(by_axis), ..., s]
-    y = torch.einsum("i...s,ist->i...t", y, Ms)  # [size(by_axis), ..., s]
-    return y.movedim((0, -1), (by_axis, axis))  # same shape as x
-
-
 def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
-    """g.theta, computed as engine/symmetry.apply does, differentiable in the latents behind `maps`.
+    """g.theta by engine/symmetry.act, differentiable in the latents behind `maps`.
 
     maps[group] as Transform.maps gives it: "perm" / "perm_kv" (and "index" for a residual
     permutation, which moves writers, readers and norms alike) are (hard index, latent of P,
-    candidate graph or None) triples; "right" and "right_inv_t" [.., s, s]; "scale" [m]. Groups
-    absent act as the identity. Permutations act first, as in apply, because the maps are indexed by
-    the new index. Every product runs in the weights' dtype.
+    candidate graph or None) triples, applied by `permute`; "right" and "right_inv_t" [.., s, s];
+    "scale" [m]. Groups absent act as the identity. Every product runs in the weights' dtype.
 
     With gradients on, each parameter's chain of actions runs under activation checkpointing: the
     intermediate copies (a weight permuted along one axis, then another, then rotated) are recomputed
@@ -408,34 +398,10 @@ def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
     for key, ps in spec.params.items():
         x = params[key]
         if torch.is_grad_enabled() and not ps.invariant:
-            out[key] = checkpoint(_act_one, ps, maps, x, use_reentrant=False)
+            out[key] = checkpoint(act, ps, maps, x, permute, use_reentrant=False)
         else:
-            out[key] = _act_one(ps, maps, x)
+            out[key] = act(ps, maps, x, permute)
     return out
-
-
-def _act_one(ps: ParamSpec, maps: dict[str, dict], x: Tensor) -> Tensor:
-    """One parameter moved by `act_ste`'s maps."""
-    for axis, acts in enumerate(ps.axes):
-        for a in acts:
-            if a.role in ("perm", "perm_kv") and a.group in maps:
-                x = permute(x, axis, *maps[a.group][a.role])
-    for axis, acts in enumerate(ps.axes):
-        for a in acts:
-            m = maps.get(a.group)
-            if m is None:
-                continue
-            if "index" in m:
-                x = permute(x, axis, *m["index"])
-            elif a.role in MAP_ROLES:
-                x = _right(x, axis, m[a.role].to(x.device, x.dtype), a.by_axis, a.per)
-            elif a.role in ("scale", "inv_scale"):
-                shape = [1] * x.dim()
-                shape[axis] = -1
-                s = m["scale"].to(x.device, x.dtype).reshape(shape)  # broadcast along `axis`
-                x = x * s if a.role == "scale" else x / s
-            # a folded gain (all ones) is invariant under rotations
-    return x
 
 
 def newton_schulz_polar(M: Tensor, iters: int = 12) -> Tensor:

@@ -27,7 +27,6 @@ from engine.align.solvers import (
     gqa_assignment,
     perm_matrix,
     procrustes,
-    residual_perm_matrix,
     residual_perm_of,
     rope_scalars,
 )
@@ -38,7 +37,7 @@ from engine.interpolate import interpolate
 from engine.models import Model, canonical, load_model, save_model, set_canonical
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec
-from engine.symmetry import MAP_ROLES, apply, invert, random_gl, rope_commutant, sample
+from engine.symmetry import act, apply, invert, random_gl, rope_commutant, sample
 from engine.train import TrainConfig, train
 
 F64 = torch.float64
@@ -293,9 +292,9 @@ ACTION_CASES = [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "s
                 {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"}]
 
 
-def action_case(kw: dict, seed: int = 4):
+def action_case(kw: dict, seed: int = 4, residual: str = "residual_orth"):
     a = randomise_norms(build(tiny(**kw), seed=0, dtype=F64), 1)
-    kinds = default_classes(build_spec(a.arch, canonical(a)))
+    kinds = (default_classes(build_spec(a.arch, canonical(a))) - {"residual_orth"}) | {residual}
     pair = prepare_pair(a, a, kinds)
     g = sample(pair.arch, kinds, seed=seed)
     return pair, kinds, g, Transform(pair.arch, pair.spec, kinds, g)
@@ -315,57 +314,25 @@ def test_gather_action_equals_apply_for_hard_elements(kw):
     assert (e.residual - g.residual).abs().max() < 1e-12
 
 
+def dense_permute(x: torch.Tensor, axis: int, entry: tuple) -> torch.Tensor:
+    """The gradient oracle's permutation step for symmetry.act: a straight-through permutation MATRIX
+    (value the hard P, gradient Z's) multiplying the weights, x <- P x along `axis`."""
+    hard, Z, cand = entry
+    Z = Z if cand is None else dense_latent(Z, cand)  # the MLP's candidate graph as a dense [n, n] latent
+    P = perm_matrix(hard, Z.dtype) + (Z - Z.detach())
+    return (x.movedim(axis, -1) @ P.T).movedim(-1, axis)
+
+
 def dense_action(T: Transform, params: dict) -> dict:
-    """The former formulation, kept here as the gradient oracle: each permutation a straight-through
-    permutation MATRIX (value P, gradient Z's) multiplying the weights."""
-    def straight_through(hard, Z):
-        return hard + (Z - Z.detach())
-
-    mats = {}
-    for group, m in T.maps().items():
-        mats[group] = {}
-        for role, v in m.items():
-            if role in ("perm", "perm_kv"):
-                Z = v[1] if v[2] is None else dense_latent(v[1], v[2])  # the MLP's candidate graph
-                mats[group][role] = straight_through(perm_matrix(v[0]), Z)
-            elif role == "index":  # the residual permutation as Omega (x <- x Omega), latent Z_res
-                O = straight_through(residual_perm_matrix(v[0]), T.Z_res)
-                mats[group] = {"right": O, "right_inv_t": O, "perm_matrix": O}
-            else:
-                mats[group][role] = v
-    out = {}
-    for key, ps in T.spec.params.items():
-        x = params[key]
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                if a.role in ("perm", "perm_kv") and a.group in mats:
-                    x = (x.movedim(axis, -1) @ mats[a.group][a.role].T).movedim(-1, axis)
-        for axis, acts in enumerate(ps.axes):
-            for a in acts:
-                m = mats.get(a.group)
-                if m is None:
-                    continue
-                if a.role in MAP_ROLES:  # x <- x M, M by role (QK-norm: sign(A), |A|, |A^{-T}|)
-                    M = m[a.role]
-                    if a.by_axis is None:
-                        x = (x.movedim(axis, -1) @ M).movedim(-1, axis)
-                    else:
-                        Ms = M[torch.arange(x.shape[a.by_axis]) // a.per]  # [size(by_axis), s, s]
-                        y = torch.einsum("i...s,ist->i...t", x.movedim((a.by_axis, axis), (0, -1)), Ms)
-                        x = y.movedim((0, -1), (a.by_axis, axis))
-                elif a.role in ("scale", "inv_scale"):
-                    shape = [1] * x.dim()
-                    shape[axis] = -1
-                    x = x * m["scale"].reshape(shape) if a.role == "scale" else x / m["scale"].reshape(shape)
-                elif a.role == "norm" and "perm_matrix" in m:
-                    x = (x.movedim(axis, -1) @ m["perm_matrix"]).movedim(-1, axis)
-        out[key] = x
-    return out
+    """T's action with every permutation a dense straight-through matrix product (`dense_permute`)."""
+    maps = T.maps()
+    return {key: act(ps, maps, params[key], dense_permute) for key, ps in T.spec.params.items()}
 
 
+@pytest.mark.parametrize("residual", ["residual_orth", "residual_perm"])
 @pytest.mark.parametrize("kw", ACTION_CASES)
-def test_gather_gradient_equals_the_dense_straight_through_gradient(kw):
-    pair, _, _, T = action_case(kw)
+def test_gather_gradient_equals_the_dense_straight_through_gradient(kw, residual):
+    pair, _, _, T = action_case(kw, residual=residual)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():  # latents away from the start, so every class has a nontrivial map
         for name, p in T.named_parameters():
