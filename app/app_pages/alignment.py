@@ -374,4 +374,5 @@ elif rec is not None:
             ablation(sel, style.loss_unit(rec))
     with st.expander("Export", icon=":material/download:"):
         downloads.record_downloads(rec, key="align_export")
-        charts.download_button(key="align_figures", label="Every figure shown (HTML)")
+        charts.download_button(key="align_figures", label="Every figure shown (HTML)",
+                               about=[(rec, names.get(rec["method"], rec["method"]))])

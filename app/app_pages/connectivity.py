@@ -211,7 +211,7 @@ def export_section(cached: list[dict], live: list[dict], names: dict[str, str], 
                            help="One row per point of every test and train curve: method, curve, source, split, evaluation "
                                 "set, λ, loss, accuracy.")
         with c2:
-            charts.download_button(key="export_figures")
+            charts.download_button(key="export_figures", about=[(r, name) for r, name, _ in curves])
 
 
 def _vs_naive_text(rows: list[dict]) -> list[dict]:

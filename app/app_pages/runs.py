@@ -236,6 +236,7 @@ if shown:
     keep_valid("runs_open", shown)
     run_id = st.selectbox("Run", shown, key="runs_open", format_func=lambda i: label(by_id[i], names))
     open_section(by_id[run_id], names, charts)
-    charts.download_button(key="runs_figures")
+    drawn = [*chosen, *([run_id] if run_id not in chosen else [])]
+    charts.download_button(key="runs_figures", about=[(by_id[i], label(by_id[i], names)) for i in drawn])
 else:
     st.info("No run matches the filters.")

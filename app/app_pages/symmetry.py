@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from app import downloads, messages, sidebar, url_state
+from app import downloads, exports, messages, sidebar, url_state
 from app.figures import style
 from app.figures import symmetry as symmetry_figs
 from engine import api
@@ -256,13 +256,14 @@ def sinusoidal_section(rep: dict, spectrum: dict, full_rotations: int) -> None:
     charts.show(symmetry_figs.sinusoidal_spectrum_figure(s["singular_values"], s["rtol"]), key="spectrum_chart")
 
 
-def exports(out: dict, name: str, key: str) -> None:
+def report_downloads(out: dict, name: str, key: str) -> None:
+    """The report as JSON and Markdown (app.exports: no machine path in either)."""
     rep = out["report"]
-    stem = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
+    stem = exports.safe(exports.scrub(name))
     c1, c2 = st.columns(2)
-    c1.download_button("Symmetry report (JSON)", lambda: api.symmetry_json(rep), f"{stem}__symmetry.json", "application/json",
-                       key=f"{key}_json", on_click="ignore", icon=":material/download:")
-    c2.download_button("Symmetry report (Markdown)", lambda: api.symmetry_markdown(rep, out["statement"]),
+    c1.download_button("Symmetry report (JSON)", lambda: exports.symmetry_json(rep), f"{stem}__symmetry.json",
+                       "application/json", key=f"{key}_json", on_click="ignore", icon=":material/download:")
+    c2.download_button("Symmetry report (Markdown)", lambda: exports.symmetry_markdown(rep, out["statement"]),
                        f"{stem}__symmetry.md", "text/markdown", key=f"{key}_md", on_click="ignore",
                        icon=":material/download:")
 
@@ -281,8 +282,8 @@ def one_model() -> None:
         rope_section(rep)
     if out.get("spectrum"):
         sinusoidal_section(rep, out["spectrum"], out["by_pe"]["none"]["by_kind"]["residual_orth"])
-    exports(out, name, "symmetry_export")
-    charts.download_button(key="symmetry_figures")
+    report_downloads(out, name, "symmetry_export")
+    charts.download_button(key="symmetry_figures", subject=name)
 
 
 def side_targets() -> tuple[list[str], str, str]:
