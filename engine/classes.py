@@ -34,6 +34,8 @@ class ClassChoice:
 def rewrite_refusal(arch: Arch) -> str | None:
     """Why the residual stream of `arch` cannot be made rotation-ready (fold_norms or layernorm_to_rmsnorm),
     or None. Judged from the Arch alone, so a run's classes (and its memory) are known before loading."""
+    if arch.post_norm:
+        return "a post-LayerNorm stream is normalised after every add, where only permutations are exact (docs/MATH.md section 9)"
     if arch.norm == "layernorm" and arch.pe == "sinusoidal":
         return "a LayerNorm model with a fixed sinusoidal table cannot be rewritten as RMSNorm (the table is not centred)"
     if arch.norm == "layernorm" and arch.mlp == "swiglu" and arch.norm_bias:

@@ -211,6 +211,60 @@ def lm_eval_windows(tokens: torch.Tensor, n_ctx: int, max_tokens: int | None = N
 
 
 # ---------------------------------------------------------------------------------------------
+# Masked-LM data (docs/MATH.md section 9): BERT's masking, drawn from a seed
+
+
+MLM_RATE, MLM_MASK, MLM_RANDOM = 0.15, 0.8, 0.1  # chosen positions; of those, masked / random / kept (the rest)
+IGNORE_INDEX = -100  # a target cross-entropy skips: the positions a masked LM is not scored on
+
+
+class JSONTokenizer:
+    """A checkpoint's `tokenizer.json` read with the `tokenizers` library: a data file, nothing executed.
+    `mask_id` is its mask token ([MASK] for BERT, <mask> for RoBERTa), None if it has neither."""
+
+    def __init__(self, file: str | Path):
+        from tokenizers import Tokenizer as RustTokenizer
+
+        from engine.errors import ModelError
+
+        try:
+            self.tok = RustTokenizer.from_file(str(file))
+        except Exception as e:  # noqa: BLE001 - a Rust error surfaces as a bare Exception
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ModelError(f"The tokenizer {file} cannot be loaded ({msg[:200]}).") from None
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=True)
+        ids = [self.tok.token_to_id(t) for t in ("[MASK]", "<mask>")]
+        self.mask_id = next((i for i in ids if i is not None), None)
+        self.name = f"tokenizer.json:{Path(file).parent.name}"
+
+    def encode(self, text: str) -> torch.Tensor:
+        return torch.tensor(self.tok.encode(text, add_special_tokens=False).ids, dtype=torch.long)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        return self.tok.decode(ids.tolist())
+
+
+def mask_tokens(w: torch.Tensor, mask_id: int, n_random: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking of windows w [N, T]: each position chosen with probability MLM_RATE; a chosen one
+    becomes `mask_id` (MLM_MASK), a uniform token below `n_random` (MLM_RANDOM) or stays. Returns the inputs
+    and the targets (the original token where chosen, IGNORE_INDEX elsewhere), a function of `seed` alone."""
+    g = torch.Generator().manual_seed(seed)
+    chosen = torch.rand(w.shape, generator=g) < MLM_RATE  # [N, T]
+    u = torch.rand(w.shape, generator=g)  # [N, T]
+    random = torch.randint(0, n_random, w.shape, generator=g)  # [N, T]
+    x = torch.where(chosen & (u < MLM_MASK), mask_id, w)
+    x = torch.where(chosen & (u >= MLM_MASK) & (u < MLM_MASK + MLM_RANDOM), random, x)
+    return x, torch.where(chosen, w, IGNORE_INDEX)
+
+
+def mlm_batches(tokens: torch.Tensor, batch: int, n_ctx: int, seed: int, mask_id: int,
+                n_random: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Endless masked (inputs, targets) [batch, n_ctx] from random windows; a function of `seed` alone."""
+    for i, w in enumerate(lm_batches(tokens, batch, n_ctx, seed)):
+        yield mask_tokens(w[:, :-1], mask_id, n_random, seed * 1_000_003 + i)
+
+
+# ---------------------------------------------------------------------------------------------
 # Images
 
 

@@ -1,4 +1,8 @@
-"""Held-out evaluation: fixed evaluation sets and the mean loss (nats per token) / accuracy of a model."""
+"""Held-out evaluation: fixed evaluation sets and the mean loss (nats per token) / accuracy of a model.
+
+A causal LM is scored on every next token, a masked LM (an LM that is not causal: BERT) on the positions
+its seeded masking chose (docs/MATH.md section 9), a classifier on every image.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,19 @@ import torch.nn.functional as F
 
 from engine import distributed
 from engine.cancel import CancelToken, check
-from engine.data import HFTokenizer, Tokenizer, default_splits, digits_splits, lm_eval_windows, load_text, split_text
+from engine.data import (
+    BYTE_VOCAB,
+    IGNORE_INDEX,
+    HFTokenizer,
+    JSONTokenizer,
+    Tokenizer,
+    default_splits,
+    digits_splits,
+    lm_eval_windows,
+    load_text,
+    mask_tokens,
+    split_text,
+)
 from engine.errors import DataError, LMCError
 from engine.models import Model, model_logits
 from engine.models.base import Arch
@@ -23,13 +39,13 @@ DEFAULT_LM_CTX = 128
 class EvalSet:
     task: str  # "lm" | "vit"
     inputs: torch.Tensor  # [N, T] token ids, or [N, C, H, W] images
-    targets: torch.Tensor  # [N, T] next tokens, or [N] labels
+    targets: torch.Tensor  # [N, T] next tokens (masked LM: the masked tokens, IGNORE_INDEX elsewhere), or [N] labels
     description: str  # what the set is, for records and captions
 
     @property
     def size(self) -> int:
         """Scored tokens (LM) or images (ViT)."""
-        return self.targets.numel()
+        return int((self.targets != IGNORE_INDEX).sum()) if self.task == "lm" else self.targets.numel()
 
 
 def lm_eval_set(
@@ -61,6 +77,49 @@ def vit_eval_set(split: str = "test", max_images: int | None = None) -> EvalSet:
     return EvalSet("vit", x, y, f"digits/{split}, {len(y):,} images")
 
 
+MLM_SEED = 0  # the masks of every masked-LM evaluation: the same at every point of a path
+
+
+def is_masked_lm(arch: Arch) -> bool:
+    return arch.task == "lm" and not arch.causal
+
+
+def mlm_eval_set(split: str = "test", max_tokens: int | None = None, n_ctx: int = DEFAULT_LM_CTX, vocab: int = 0,
+                 tokenizer: JSONTokenizer | None = None, seed: int = MLM_SEED) -> EvalSet:
+    """Non-overlapping windows of n_ctx tokens of a split of the Austen corpus, masked as BERT is
+    (data.mask_tokens, seeded); `max_tokens` bounds the positions, about 15% of which are scored.
+
+    With `tokenizer` its mask token masks and random tokens come from its vocabulary; without, UTF-8
+    bytes, the mask the last id of the model's vocabulary `vocab`, which must exceed the 256 bytes.
+    """
+    if tokenizer is None:
+        if vocab <= BYTE_VOCAB:
+            raise DataError(f"A masked LM with a vocabulary of {vocab} and no tokenizer.json cannot be evaluated on "
+                            f"bytes: it needs at least {BYTE_VOCAB + 1} tokens (the bytes and a mask).")
+        splits, mask_id, n_random = default_splits(), vocab - 1, BYTE_VOCAB
+    else:
+        if tokenizer.mask_id is None:
+            raise DataError(f"The tokenizer {tokenizer.name} has no mask token ([MASK] or <mask>).")
+        splits, mask_id, n_random = split_text(load_text(), tokenizer), tokenizer.mask_id, tokenizer.vocab_size
+    w = lm_eval_windows(splits.split(split), n_ctx, max_tokens)[:, :-1]  # [n, n_ctx]
+    x, y = mask_tokens(w, mask_id, n_random, seed)
+    tok = tokenizer.name if tokenizer is not None else "bytes"
+    return EvalSet("lm", x, y, f"austen/{split}, {int((y != IGNORE_INDEX).sum()):,} masked of {w.numel():,} tokens "
+                               f"({tok}), context {n_ctx}, mask seed {seed}")
+
+
+def mlm_eval_set_for(model: Model, split: str = "test", max_items: int | None = None) -> EvalSet:
+    """A masked LM's evaluation set: its directory's tokenizer.json when it has one, else bytes."""
+    tok = None
+    if model.path is not None and (Path(model.path) / "tokenizer.json").is_file():
+        tok = JSONTokenizer(Path(model.path) / "tokenizer.json")
+        if tok.vocab_size > model.arch.n_out:
+            raise DataError(f"The tokenizer in {model.path} has {tok.vocab_size} tokens, more than the "
+                            f"model's vocabulary of {model.arch.n_out}.")
+    return mlm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), vocab=model.arch.n_out,
+                        tokenizer=tok)
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
@@ -74,12 +133,12 @@ def tokenizer_for(model: Model) -> Tokenizer | None:
 def eval_set_for(model: Model, split: str = "test", max_items: int | None = None) -> EvalSet:
     if model.arch.task == "vit":
         return vit_eval_set(split, max_items)
+    if is_masked_lm(model.arch):
+        return mlm_eval_set_for(model, split, max_items)
     tok = tokenizer_for(model)
     if tok is not None and tok.vocab_size > model.arch.n_out:
         raise DataError(f"The tokenizer in {model.path} has {tok.vocab_size} tokens, more than the "
                         f"model's vocabulary of {model.arch.n_out}.")
-    from engine.data import BYTE_VOCAB
-
     if tok is None and model.arch.n_out < BYTE_VOCAB:
         raise DataError(f"Model {model.name or model.path} has a vocabulary of {model.arch.n_out} and ships no "
                         f"tokenizer; byte-level evaluation text needs at least {BYTE_VOCAB} tokens.")

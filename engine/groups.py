@@ -57,6 +57,9 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
         res = (D - k) * (D - k - 1) // 2
         notes.append(f"sinusoidal PE: exact residual rotations must fix {k} independent differences of P_sin "
                      f"rows (dim {res}); O({D}) is only approximate")
+    elif arch.post_norm:  # docs/MATH.md section 9: permutations only, dimension 0
+        res = 0
+        notes.append("post-LayerNorm: the residual stream admits permutations only (and the global sign), no rotations")
     else:
         res = D * (D - 1) // 2
     pe = (D if arch.task == "lm" else 2 * D) if arch.pe == "learned" and not arch.tied_embeddings else 0

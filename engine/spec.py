@@ -15,7 +15,8 @@ Group classes (`KINDS`, what a user restricts to) and the structure of each grou
                    QK-norm the monomial maps of H(d): one modulus and orientation per pair for the
                    whole layer (they move the q/k norm gains), a sign per pair and KV group
     vo             per KV group B: GL(d)
-    residual_perm  permutation of the residual stream (norm gains and LayerNorm biases follow)
+    residual_perm  permutation of the residual stream (norm gains and LayerNorm biases follow); the only
+                   residual map of a post-norm encoder (docs/MATH.md section 9)
     residual_orth  O(D) on the residual stream, exact once norm gains are folded into the readers
 
 Each parameter axis carries a tuple of `AxisAction`s. Roles, all acting on the axis moved last:
@@ -153,11 +154,17 @@ def check_arch(arch: Arch) -> None:
     need(not arch.norm_bias or arch.norm == "layernorm", "RMSNorm has no bias")
     need(not arch.qk_norm or (arch.pe == "rope" and arch.rotary_dim == arch.d_head),
          "QK-norm is described with RoPE on the whole head only (as in Qwen3)")
+    need(not arch.post_norm or (arch.task == "lm" and arch.norm == "layernorm" and arch.norm_bias
+                                and arch.pe == "learned" and arch.head_bias and not arch.parallel_residual),
+         "a post-norm encoder is described as BERT's masked LM only (LayerNorm with biases, learned positions, "
+         "a head bias, sequential blocks)")
 
 
 def arch_kinds(arch: Arch) -> tuple[str, ...]:
-    """KINDS with a nontrivial group in this architecture (a spec's `kinds`, from the Arch alone)."""
-    return tuple(k for k in KINDS if k != "mlp_scale" or arch.mlp in ("relu", "swiglu"))
+    """KINDS with a nontrivial group in this architecture (a spec's `kinds`, from the Arch alone); a post-norm
+    stream has no rotations (docs/MATH.md section 9)."""
+    return tuple(k for k in KINDS if (k != "mlp_scale" or arch.mlp in ("relu", "swiglu"))
+                 and (k != "residual_orth" or not arch.post_norm))
 
 
 def approximate_kinds(arch: Arch) -> frozenset[str]:
@@ -196,6 +203,8 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         out["embed.cls"] = ((D,), ((W,),))
     if arch.pe == "learned":
         out["embed.pos"] = ((arch.n_ctx, D), ((), (W,)))
+    if arch.post_norm:
+        out |= _post_norm_outer(arch, params, W, Rd, N)
 
     for layer in range(arch.n_layers):
         b = f"blocks.{layer}"
@@ -235,12 +244,27 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         if arch.mlp_bias:
             out[f"{b}.mlp.b_out"] = ((D,), ((W,),))
 
-    norm("norm_f")
+    if not arch.post_norm:
+        norm("norm_f")
     if not arch.tied_embeddings:  # tied: embed.tok is the reader too, consistent for orthogonal Omega
         out["head.W"] = ((D, arch.n_out), ((Rd,), ()))
     if arch.head_bias:
         out["head.b"] = ((arch.n_out,), ((),))
     return out
+
+
+def _post_norm_outer(arch: Arch, params: Params, W: AxisAction, Rd: AxisAction, N: AxisAction) -> dict:
+    """A post-norm encoder's parameters outside the blocks (docs/MATH.md section 9): token types write to the
+    stream, the embedding sum is normed, and the masked-LM head's dense layer reads the stream and writes in
+    its basis (the decoder is tied to embed.tok), so it moves on both axes, its norm like the stream's."""
+    D = arch.d_model
+    n_types = params["embed.type"].shape[0] if "embed.type" in params else None
+    return {
+        "embed.type": ((n_types, D), ((), (W,))),
+        "embed.norm.g": ((D,), ((N,),)), "embed.norm.b": ((D,), ((N,),)),
+        "head.dense.W": ((D, D), ((Rd,), (W,))), "head.dense.b": ((D,), ((W,),)),
+        "head.norm.g": ((D,), ((N,),)), "head.norm.b": ((D,), ((N,),)),
+    }
 
 
 def norms_are_folded(arch: Arch, params: Params) -> bool:
@@ -282,6 +306,8 @@ def build_spec(arch: Arch, params: Params) -> Spec:
         "residual": Group("residual", ("residual_perm", "residual_orth"), "orthogonal", 1, a.d_model, None,
                           exact=not sinus),
     }
+    if a.post_norm:  # docs/MATH.md section 9: a norm after every add commutes with permutations only
+        groups["residual"] = Group("residual", ("residual_perm",), "permutation", 1, a.d_model, None)
     for layer in range(a.n_layers):
         b = f"blocks.{layer}"
         groups[f"{b}.heads"] = Group(f"{b}.heads", ("heads",), "permutation", 1, a.n_heads, layer)
@@ -309,7 +335,9 @@ def build_spec(arch: Arch, params: Params) -> Spec:
         raise SpecError(f"The {a.family} spec's groups do not match its symmetry classes {kinds}.")
     folded = norms_are_folded(arch, params)
     requires: dict[str, str] = {}
-    if a.norm == "layernorm":
+    if "residual_orth" not in kinds:  # a post-norm stream: no rotation to prepare for
+        pass
+    elif a.norm == "layernorm":
         requires["residual_orth"] = ("LayerNorm does not commute with rotations: rewrite the model with "
                                      "layernorm_to_rmsnorm first (docs/MATH.md section 3)")
     elif not folded:

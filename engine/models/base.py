@@ -22,6 +22,11 @@ the `Params` dict that symmetry specs, group actions and aligners work on (docs/
     norm_f.g [D], norm_f.b [D]   final norm
     head.W [D, n_out], head.b [n_out]   unembedding / classifier (absent when tied to embed.tok)
 
+Post-norm encoders (BERT, docs/MATH.md section 9) add embed.type [n_types, D] (token types) and
+embed.norm.g / .b [D] (the norm of the embedding sum); norm1 and norm2 are the norms after the attention
+and MLP adds; there is no norm_f, and the masked-LM head is head.dense.W [D, D], head.dense.b [D],
+head.norm.g / .b [D] before the decoder (tied to embed.tok) and its bias head.b [n_out].
+
 Biases are present exactly when the architecture has them. Conversion is linear, so interpolating
 in native or canonical coordinates is the same path.
 """
@@ -75,6 +80,7 @@ class Arch:
     causal: bool
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-J / GPT-NeoX) instead of sequential
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE, one gain [d] each per layer (Qwen3)
+    post_norm: bool = False  # LayerNorm after each residual add, LN(x + sublayer(x)), and on the embeddings (BERT)
 
     def to_dict(self) -> dict:
         return asdict(self)

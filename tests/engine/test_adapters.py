@@ -22,6 +22,7 @@ from engine.models import (
     FAMILIES,
     canonical,
     family_of,
+    hf_bert,
     hf_gpt2,
     hf_llama,
     hf_mistral,
@@ -48,6 +49,8 @@ LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num
 QWEN2_CFG = {**LLAMA_CFG, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
 MISTRAL_CFG = {**LLAMA_CFG, "head_dim": 12, "tie_word_embeddings": True}
 QWEN3_CFG = {**LLAMA_CFG, "head_dim": 12}
+BERT_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 16, "layer_norm_eps": 1e-5}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -128,6 +131,10 @@ CASES = {
         mlp="gelu_tanh", bias=True, tied_embeddings=True)),
     "timm_vit": Case("timm_vit", lambda s: timm_vit.build(VIT_ARGS, seed=s, dtype=F64), RefConfig(**REF_VIT),
                      task="vit"),
+    # BERT: post-LayerNorm, no reference twin (its blocks are pre-norm); erf GELU, and ReLU with three token types
+    "hf_bert": Case("hf_bert", lambda s: hf_bert.build(BERT_CFG, seed=s, dtype=F64), None),
+    "hf_bert_relu": Case("hf_bert", lambda s: hf_bert.build(
+        {**BERT_CFG, "hidden_act": "relu", "type_vocab_size": 3}, seed=s, dtype=F64), None),
 }
 
 

@@ -1,0 +1,178 @@
+"""HF BERT masked LMs: the post-LayerNorm symmetry group (docs/MATH.md section 9), exact in float64 for every
+kind it holds and broken by what it does not; weight matching recovers a planted element; the masked-LM loss.
+
+Tiny BertForMaskedLM models built from configs (hidden 32, 2 layers, 4 heads, intermediate 64), every
+parameter random (gains around 1), nothing downloaded.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine.align.run import align
+from engine.classes import choose_classes
+from engine.errors import ModelError, SpecError
+from engine.interpolate import interpolate
+from engine.models import arch_from_config, canonical, hf_bert, model_logits, set_canonical
+from engine.spec import build_spec
+from engine.symmetry import GroupElement, apply, identity, invert, random_orthogonal, sample
+
+F64 = torch.float64
+V = 300  # bytes and a mask token
+CFG = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+       "num_attention_heads": 4, "max_position_embeddings": 32}
+KINDS = ("heads", "mlp", "qk", "vo", "residual_perm")
+
+
+def random_bert(seed: int = 0, **change) -> hf_bert.Model:
+    """A float64 BERT with every parameter random, LayerNorm gains around 1."""
+    m = hf_bert.build({**CFG, **change}, seed=seed, dtype=F64)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        for name, p in m.module.named_parameters():
+            gain = name.endswith("LayerNorm.weight")
+            p.copy_(torch.randn(p.shape, generator=g, dtype=F64) * 0.3 + (1.0 if gain else 0.0))
+    return m
+
+
+def tokens(n: int = 3, T: int = 24, seed: int = 7) -> torch.Tensor:
+    return torch.randint(0, V, (n, T), generator=torch.Generator().manual_seed(seed))
+
+
+def moved(m, g: GroupElement, strict: bool = True):
+    out = copy.deepcopy(m)
+    set_canonical(out, apply(m.arch, g, canonical(m), strict=strict))
+    return out
+
+
+def rel_change(m, other, x) -> float:
+    with torch.no_grad():
+        y, y2 = model_logits(m, x), model_logits(other, x)
+    return float((y2 - y).abs().max() / y.abs().max())
+
+
+# ---------------------------------------------------------------------------------------------
+# The group
+
+
+def test_the_arch_is_a_post_norm_masked_lm_and_its_spec_has_no_rotations():
+    m = random_bert()
+    a = m.arch
+    assert a.post_norm and not a.causal and a.tied_embeddings and a.head_bias and a.pe == "learned"
+    assert arch_from_config({**CFG, "model_type": "bert"}) == a  # the same Arch from a config.json dict
+    spec = build_spec(a, canonical(m))
+    assert spec.kinds == KINDS  # GELU: no neuron scaling; post-norm: no residual_orth
+    assert spec.groups["residual"].structure == "permutation"
+    assert "residual_orth" not in spec.requires
+    # the head's dense layer is read from the stream and written in its basis (the decoder is tied)
+    roles = [x.role for acts in spec.params["head.dense.W"].axes for x in acts]
+    assert roles == ["right_inv_t", "right"]
+    choice = choose_classes(a, "weight")
+    assert choice.classes == frozenset(KINDS)
+    assert "only permutations" in choice.left_out["residual_orth"]
+
+
+@pytest.mark.parametrize("kinds", [(k,) for k in KINDS] + [KINDS], ids=lambda k: "+".join(k))
+def test_every_kind_keeps_the_mlm_logits(kinds):
+    m, x = random_bert(), tokens()
+    g = sample(m.arch, kinds, seed=3)
+    other = moved(m, g)
+    assert rel_change(m, other, x) < 1e-10
+    # and the weights really moved
+    pa, pb = canonical(m), canonical(other)
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) > 1e-2
+
+
+def test_relu_neurons_scale_exactly():
+    m = random_bert(hidden_act="relu")
+    assert "mlp_scale" in build_spec(m.arch, canonical(m)).kinds
+    assert rel_change(m, moved(m, sample(m.arch, ("mlp_scale",), seed=4)), tokens()) < 1e-10
+
+
+def test_a_residual_rotation_and_a_gelu_neuron_scaling_change_the_output():
+    m, x = random_bert(), tokens()
+    g0 = identity(m.arch)
+    # an orthogonal residual map that is not a permutation: refused by apply, and it breaks the function
+    R = random_orthogonal(m.arch.d_model, 1, torch.Generator().manual_seed(1))[0]
+    rot = GroupElement(g0.layers, R)
+    with pytest.raises(SpecError, match="not a permutation"):
+        apply(m.arch, rot, canonical(m))
+    assert rel_change(m, moved(m, rot, strict=False), x) > 1e-3
+    # a signed permutation (one coordinate flipped): orthogonal, monomial, still not a symmetry
+    S = torch.eye(m.arch.d_model, dtype=F64)
+    S[0, 0] = -1
+    assert rel_change(m, moved(m, GroupElement(g0.layers, S), strict=False), x) > 1e-3
+    # GELU neurons do not rescale: the spec has no scaling group to apply, so scale W_in and W_out by hand
+    s = torch.exp(torch.linspace(-0.5, 0.5, m.arch.d_mlp, dtype=F64))
+    layers = (type(g0.layers[0])(g0.layers[0].head_perm, g0.layers[0].qk, g0.layers[0].vo, g0.layers[0].mlp_perm, s),
+              *g0.layers[1:])
+    with pytest.raises(SpecError, match="no neuron scaling"):
+        apply(m.arch, GroupElement(layers, g0.residual), canonical(m))
+    p = canonical(m)
+    p["blocks.0.mlp.W_in"], p["blocks.0.mlp.b_in"] = p["blocks.0.mlp.W_in"] * s, p["blocks.0.mlp.b_in"] * s
+    p["blocks.0.mlp.W_out"] = p["blocks.0.mlp.W_out"] / s[:, None]
+    scaled = copy.deepcopy(m)
+    set_canonical(scaled, p)
+    assert rel_change(m, scaled, x) > 1e-3
+
+
+def test_a_residual_sample_of_every_kind_is_a_permutation():
+    m = random_bert()
+    R = sample(m.arch, ("residual_orth",), seed=2).residual  # kinds the arch lacks stay the identity
+    assert torch.equal(R, torch.eye(m.arch.d_model, dtype=F64))
+    P = sample(m.arch, seed=2).residual
+    assert bool(((P == 0) | (P == 1)).all()) and not torch.equal(P, torch.eye(m.arch.d_model, dtype=F64))
+
+
+# ---------------------------------------------------------------------------------------------
+# The adapter refuses what it cannot express
+
+
+@pytest.mark.parametrize(("change", "option"), [
+    ({"is_decoder": True}, "is_decoder"),
+    ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+    ({"hidden_act": "silu"}, "hidden_act"),
+])
+def test_unsupported_configs_are_refused_in_one_sentence(change, option):
+    with pytest.raises(ModelError, match=option):
+        hf_bert.build({**CFG, **change})
+
+
+def test_encoder_only_and_pretraining_directories_are_refused_by_name(tmp_path):
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig(**CFG)).save_pretrained(tmp_path / "enc")
+    with pytest.raises(ModelError, match="BertModel.*BertForMaskedLM checkpoints only"):
+        hf_bert.load(tmp_path / "enc")
+
+
+# ---------------------------------------------------------------------------------------------
+# Planted recovery
+
+
+def planted_pair(seed: int = 5):
+    a = random_bert()
+    g_star = sample(a.arch, KINDS, seed=seed)
+    return a, moved(a, g_star), g_star
+
+
+def test_weight_matching_recovers_a_planted_element_and_the_path_is_flat():
+    from engine.evaluate import mlm_eval_set
+
+    a, b, g_star = planted_pair()
+    al = align(a, b, "weight")
+    assert al.classes == frozenset(KINDS)
+    want = invert(a.arch, g_star)
+    assert torch.equal(al.out.g.residual, want.residual)
+    for got, exp in zip(al.out.g.layers, want.layers):
+        assert torch.equal(got.head_perm, exp.head_perm) and torch.equal(got.mlp_perm, exp.mlp_perm)
+    assert max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params) < 1e-8
+    es = mlm_eval_set("val", 2048, n_ctx=32, vocab=V)
+    r = interpolate(al.model_a, al.model_b, es, points=3)
+    assert abs(r["barrier"]) < 1e-8
+    assert abs(r["loss"][0] - r["loss"][-1]) < 1e-10 and r["loss"][0] > 1.0  # B aligned computes A's loss
+    naive = interpolate(a, b, es, points=3)
+    assert abs(naive["loss"][1] - naive["loss"][0]) > 0.05  # unaligned, the same two functions' midpoint is another model
