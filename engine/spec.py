@@ -258,9 +258,9 @@ def _post_norm_outer(arch: Arch, params: Params, W: AxisAction, Rd: AxisAction, 
     stream, the embedding sum is normed, and the masked-LM head's dense layer reads the stream and writes in
     its basis (the decoder is tied to embed.tok), so it moves on both axes, its norm like the stream's."""
     D = arch.d_model
-    n_types = params["embed.type"].shape[0] if "embed.type" in params else None
+    n_types = params["embed.segment"].shape[0] if "embed.segment" in params else None
     return {
-        "embed.type": ((n_types, D), ((), (W,))),
+        "embed.segment": ((n_types, D), ((), (W,))),
         "embed.norm.g": ((D,), ((N,),)), "embed.norm.b": ((D,), ((N,),)),
         "head.dense.W": ((D, D), ((Rd,), (W,))), "head.dense.b": ((D,), ((W,),)),
         "head.norm.g": ((D,), ((N,),)), "head.norm.b": ((D,), ((N,),)),

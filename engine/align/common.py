@@ -36,7 +36,7 @@ from engine.classes import (  # noqa: F401 (re-exported)
 )
 from engine.errors import SpecError
 from engine.interpolate import Progress
-from engine.models import Model, canonical, model_logits, set_canonical
+from engine.models import FAMILIES, Model, canonical, model_logits, set_canonical
 from engine.models.base import Arch, Params
 from engine.spec import Spec, build_spec
 from engine.surgery import fold_norms_, layernorm_to_rmsnorm_, reference_config_from_arch
@@ -176,6 +176,9 @@ def twin(model: Model) -> Model:
     """
     if model.family == "reference":
         return model
+    own = FAMILIES[model.family].twin
+    if own is not None:  # a family with its own twin (hf_bert: post-norm blocks)
+        return own(model)
     params = canonical(model, copy=False)
     try:  # sharing the model's own tensors: a twin costs no memory (aligners only read it)
         return model_for(model, replace(model.arch, family="reference"), params, share=True)
@@ -225,6 +228,10 @@ def train_batches(arch: Arch, batch: int, seed: int) -> Iterator[tuple[Tensor, T
     if arch.task == "vit":
         return image_batches(digits_splits()["train"], batch, seed)
     n_ctx = min(arch.n_ctx, LM_CTX)
+    if not arch.causal:  # a masked LM (docs/MATH.md section 9): bytes, the last id the mask
+        from engine.data import BYTE_VOCAB, mlm_batches
+
+        return mlm_batches(default_splits().train, batch, n_ctx, seed, arch.n_out - 1, BYTE_VOCAB)
     return ((w[:, :-1], w[:, 1:]) for w in lm_batches(default_splits().train, batch, n_ctx, seed))
 
 
@@ -234,6 +241,10 @@ def val_batch(arch: Arch, items: int) -> tuple[Tensor, Tensor]:
 
     if arch.task == "vit":
         es = vit_eval_set("val", items)
+    elif not arch.causal:  # a masked LM: `items` positions, about 15% of them scored
+        from engine.evaluate import mlm_eval_set
+
+        es = mlm_eval_set("val", items, n_ctx=min(arch.n_ctx, LM_CTX), vocab=arch.n_out)
     else:
         n_ctx = min(arch.n_ctx, LM_CTX)
         es = lm_eval_set("val", items, n_ctx=n_ctx)

@@ -22,7 +22,7 @@ the `Params` dict that symmetry specs, group actions and aligners work on (docs/
     norm_f.g [D], norm_f.b [D]   final norm
     head.W [D, n_out], head.b [n_out]   unembedding / classifier (absent when tied to embed.tok)
 
-Post-norm encoders (BERT, docs/MATH.md section 9) add embed.type [n_types, D] (token types) and
+Post-norm encoders (BERT, docs/MATH.md section 9) add embed.segment [n_types, D] (token types) and
 embed.norm.g / .b [D] (the norm of the embedding sum); norm1 and norm2 are the norms after the attention
 and MLP adds; there is no norm_f, and the masked-LM head is head.dense.W [D, D], head.dense.b [D],
 head.norm.g / .b [D] before the decoder (tied to embed.tok) and its bias head.b [n_out].
@@ -134,3 +134,6 @@ class Family:
     to_canonical: Callable[[Model], Params]  # views of the module's tensors (engine.models.canonical copies)
     from_canonical: Callable[[Model, Params], None]  # in place: copies into the module's tensors
     logits: Callable[[Model, torch.Tensor], torch.Tensor]  # inputs -> [..., n_out]
+    # a module over the canonical params (parameter names = canonical keys) computing the same function, for a
+    # family the reference family cannot express (engine.align.common.twin); None: the reference-family twin
+    twin: Callable[[Model], Model] | None = None

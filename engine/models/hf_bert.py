@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from engine.errors import ModelError
 from engine.models import native as nat
@@ -112,7 +114,7 @@ def to_canonical(model: Model) -> Params:
     h, emb = a.n_heads, bert.embeddings
     p: Params = {
         "embed.tok": emb.word_embeddings.weight, "embed.pos": emb.position_embeddings.weight,
-        "embed.type": emb.token_type_embeddings.weight,
+        "embed.segment": emb.token_type_embeddings.weight,
         "embed.norm.g": emb.LayerNorm.weight, "embed.norm.b": emb.LayerNorm.bias,
     }
     for l, layer in enumerate(bert.encoder.layer):
@@ -144,7 +146,7 @@ def from_canonical(model: Model, params: Params) -> None:
     e, c = "bert.embeddings.", "cls.predictions."
     n: dict[str, torch.Tensor] = {
         e + "word_embeddings.weight": params["embed.tok"], e + "position_embeddings.weight": params["embed.pos"],
-        e + "token_type_embeddings.weight": params["embed.type"],
+        e + "token_type_embeddings.weight": params["embed.segment"],
         e + "LayerNorm.weight": params["embed.norm.g"], e + "LayerNorm.bias": params["embed.norm.b"],
     }
     for l in range(a.n_layers):
@@ -176,7 +178,105 @@ def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     T = inputs.shape[-1]
     if T > model.arch.n_ctx:
         raise ModelError(f"Input length {T} exceeds the model's context of {model.arch.n_ctx}.")
+    if isinstance(model.module, Twin):
+        return model.module(inputs)
     return model.module(input_ids=inputs).logits
+
+
+# ---------------------------------------------------------------------------------------------
+# The twin: the same function from the canonical params, for the data-driven aligners
+
+
+class _Norm(nn.Module):
+    def __init__(self, D: int, eps: float):
+        super().__init__()
+        self.g, self.b, self.eps = nn.Parameter(torch.empty(D)), nn.Parameter(torch.empty(D)), eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, x.shape[-1:], self.g, self.b, self.eps)
+
+
+class _Attention(nn.Module):
+    def __init__(self, a: Arch):
+        super().__init__()
+        h, D, d = a.n_heads, a.d_model, a.d_head
+        for r in "QKV":
+            self.register_parameter(f"W_{r}", nn.Parameter(torch.empty(h, D, d)))
+            self.register_parameter(f"b_{r}", nn.Parameter(torch.empty(h, d)))
+        self.W_O, self.b_O = nn.Parameter(torch.empty(h, d, D)), nn.Parameter(torch.empty(D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (torch.einsum("btD,hDd->bhtd", x, getattr(self, f"W_{r}")) + getattr(self, f"b_{r}")[:, None]
+                   for r in "QKV")  # [B, h, T, d] each
+        o = F.scaled_dot_product_attention(q, k, v)  # [B, h, T, d], bidirectional
+        return torch.einsum("bhtd,hdD->btD", o, self.W_O) + self.b_O  # [B, T, D]
+
+
+class _MLP(nn.Module):
+    def __init__(self, a: Arch):
+        super().__init__()
+        self.kind = a.mlp
+        self.W_in, self.b_in = nn.Parameter(torch.empty(a.d_model, a.d_mlp)), nn.Parameter(torch.empty(a.d_mlp))
+        self.W_out, self.b_out = nn.Parameter(torch.empty(a.d_mlp, a.d_model)), nn.Parameter(torch.empty(a.d_model))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.models.reference import mlp_activation
+
+        return mlp_activation(self.kind, x @ self.W_in + self.b_in) @ self.W_out + self.b_out
+
+
+class _Block(nn.Module):
+    def __init__(self, a: Arch):
+        super().__init__()
+        self.attn, self.norm1, self.mlp, self.norm2 = _Attention(a), _Norm(a.d_model, a.norm_eps), _MLP(a), _Norm(
+            a.d_model, a.norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x))  # post-norm: the add, then the norm (docs/MATH.md section 9)
+        return self.norm2(x + self.mlp(x))
+
+
+class Twin(nn.Module):
+    """BERT as a module over the canonical params (its parameter names are the canonical keys), with the
+    reference family's hook points: `blocks[l].attn` and `.mlp` see their inputs (here the stream itself,
+    and the stream after the attention norm), `norm_f` (no parameters, the identity) the last stream before
+    the head. Data-driven aligners run their forward passes, hooks and functional calls on it."""
+
+    def __init__(self, a: Arch, n_types: int):
+        super().__init__()
+        self.embed = nn.Module()
+        self.embed.tok = nn.Parameter(torch.empty(a.n_out, a.d_model))
+        self.embed.pos = nn.Parameter(torch.empty(a.n_ctx, a.d_model))
+        self.embed.segment = nn.Parameter(torch.empty(n_types, a.d_model))
+        self.embed.norm = _Norm(a.d_model, a.norm_eps)
+        self.blocks = nn.ModuleList(_Block(a) for _ in range(a.n_layers))
+        self.norm_f = nn.Identity()
+        self.head = nn.Module()
+        self.head.dense = nn.Module()
+        self.head.dense.W, self.head.dense.b = nn.Parameter(torch.empty(a.d_model, a.d_model)), nn.Parameter(
+            torch.empty(a.d_model))
+        self.head.norm = _Norm(a.d_model, a.norm_eps)
+        self.head.b = nn.Parameter(torch.empty(a.n_out))
+        self.kind = a.mlp
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        from engine.models.reference import mlp_activation
+
+        e = self.embed
+        x = e.norm(e.tok[inputs] + e.pos[: inputs.shape[-1]] + e.segment[0])  # [B, T, D]: one segment
+        for blk in self.blocks:
+            x = blk(x)
+        u = self.head.norm(mlp_activation(self.kind, self.norm_f(x) @ self.head.dense.W + self.head.dense.b))
+        return u @ e.tok.T + self.head.b  # [B, T, V]: the decoder is tied to the word embedding
+
+
+def twin(model: Model) -> Model:
+    """The model's Twin sharing its canonical tensors (no memory; to be used read-only)."""
+    p = to_canonical(model)
+    with torch.device("meta"):
+        module = Twin(model.arch, p["embed.segment"].shape[0])
+    module.load_state_dict(p, strict=True, assign=True)
+    return Model(FAMILY, model.arch, module.eval(), model.config, name=model.name, path=model.path)
 
 
 ENTRY = Family(
@@ -184,5 +284,5 @@ ENTRY = Family(
     display_name=DISPLAY,
     reference="BERT (Devlin et al., 2019); transformers.BertForMaskedLM",
     detect=detect, load=load, save=save, to_canonical=to_canonical,
-    from_canonical=from_canonical, logits=logits,
+    from_canonical=from_canonical, logits=logits, twin=twin,
 )
