@@ -52,28 +52,32 @@ def _group(record: dict, live: bool) -> str:
 KEY_GROUP = "key"  # the legend entries that explain the chord and the barrier bar, not curves of their own
 KEY_COLOUR = "#555555"
 DIM_OPACITY = 0.45  # methods other than the highlighted one recede
+# A cached curve is at most HIGHLIGHT_WIDTH wide, in its method's dash pattern, with small dots; a live run
+# (recomputed on this page) is LIVE_WIDTH wide, solid, with large diamonds: told apart at a glance, even
+# when both are of the sidebar's method.
+HIGHLIGHT_WIDTH, OTHER_WIDTH, LIVE_WIDTH = 3.0, 1.5, 5.0
+LIVE_MARKER = {"symbol": "diamond", "size": 10}
 
 
 def _style(record: dict, live: bool, highlight: str | None) -> tuple[float, float]:
     """(line width, opacity): the sidebar's method stands out, the others stay readable behind it."""
-    if highlight is None:
-        return (2.0 if live else 3.0), 1.0
-    on = record["method"] == highlight
-    return (4.0 if on else 1.5), (1.0 if on else DIM_OPACITY)
+    on = highlight is None or record["method"] == highlight
+    return (LIVE_WIDTH if live else HIGHLIGHT_WIDTH if on else OTHER_WIDTH), (1.0 if on else DIM_OPACITY)
 
 
 def _curve_traces(record: dict, y: list[float], name: str, value_fmt: str, live: bool,
                   highlight: str | None = None) -> list[go.Scatter]:
-    """The path curve and its thin dashed chord under one legend entry. Each method has its own dash
-    pattern as well as its colour (style.method_dash); live runs carry open markers."""
+    """The path curve and its thin dashed chord under one legend entry. Each cached curve has its method's
+    dash pattern as well as its colour (style.method_dash); a live run is solid and bold, with diamonds."""
     colour = method_colour(record["method"])
     width, opacity = _style(record, live, highlight)
     lam = record["lambdas"]
     above = [v - c for v, c in zip(y, chord(lam, y))]
+    marker = {**LIVE_MARKER, "line": {"color": "white", "width": 1}} if live else {"size": 6, "symbol": "circle"}
     curve = go.Scatter(
         x=lam, y=y, name=name, legendgroup=_group(record, live), mode="lines+markers", opacity=opacity,
-        line={"color": colour, "width": width, "dash": method_dash(record["method"])},
-        marker={"size": 7 if live else 6, "symbol": "circle-open" if live else "circle", "color": colour},
+        line={"color": colour, "width": width, "dash": "solid" if live else method_dash(record["method"])},
+        marker={**marker, "color": colour},
         customdata=above,
         hovertemplate=f"{value_fmt}, %{{customdata:+.4f}} vs chord<extra>{name}</extra>",
     )
@@ -124,6 +128,24 @@ def legend_key(fig: go.Figure, barrier: bool, train: bool = False) -> None:
                                  marker={"size": 5, "symbol": "square-open", "color": KEY_COLOUR}, hoverinfo="skip"))
 
 
+LABEL_SIDES = ("top right", "top left", "bottom right", "bottom left")
+
+
+def label_sides(tops: Sequence[float]) -> list[str]:
+    """Where each barrier's value is written beside the top of its bar: bars next in height take the next
+    of LABEL_SIDES, so the values of two, three or four barriers of about one height never overlap."""
+    rank = sorted(range(len(tops)), key=lambda k: tops[k])
+    sides = [""] * len(tops)
+    for i, k in enumerate(rank):
+        sides[k] = LABEL_SIDES[i % len(LABEL_SIDES)]
+    return sides
+
+
+def barrier_label(barrier: float) -> str:
+    """A barrier written beside its bar: three significant digits ('0.134', '1.31', '0.00781')."""
+    return f"{barrier:.3g}"
+
+
 def loss_axis_title(unit: str, train: bool, log_y: bool = False) -> str:
     """'Test loss (nats/byte)'; 'Loss (...)' when train curves share the axis."""
     return f"{'Loss' if train else 'Test loss'} ({unit}{', log scale' if log_y else ''})"
@@ -143,21 +165,25 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
     every = [(r, False) for r in records] + [(r, True) for r in live]
     unit = loss_unit(every[0][0]) if every else "nats"
     train = show_train and any(has_train(r) for r, _ in every)
+    peaks = [barrier_point(r) for r, _ in every]
+    sides = label_sides([loss_b for _, loss_b, _ in peaks])
     for k, (r, is_live) in enumerate(every):
         name = curve_name(r, method_names, is_live)
         fig.add_traces(_curve_traces(r, list(r["loss"]), name, f"loss %{{y:.4f}} {unit}", is_live, highlight))
         if train and has_train(r):
             fig.add_trace(_train_trace(r, list(r["train_loss"]), name, f"loss %{{y:.4f}} {unit}", is_live, highlight))
-        lam_b, loss_b, chord_b = barrier_point(r)
+        lam_b, loss_b, chord_b = peaks[k]
         colour = method_colour(r["method"])
         width, opacity = _style(r, is_live, highlight)
-        # Methods share their endpoints, so their chords coincide and bars at the same λ would hide
-        # each other: later bars are nudged right by a hair (the hover still gives the exact λ).
+        # Methods share their endpoints, so their chords coincide and their bars stand near the same λ:
+        # later bars are nudged right by a hair (the hover still gives the exact λ), only the top of a
+        # bar is capped, and its value is written beside the cap, on a side of its own (label_sides).
         x_bar = lam_b + BAR_DODGE * k
         fig.add_trace(go.Scatter(
             x=[x_bar, x_bar], y=[chord_b, loss_b], name=f"{name}: barrier", legendgroup=_group(r, is_live),
-            showlegend=False, mode="lines+markers", line={"color": colour, "width": width + 1}, opacity=opacity,
-            marker={"symbol": "line-ew", "size": 14, "line": {"width": 2, "color": colour}},
+            showlegend=False, mode="lines+markers+text", line={"color": colour, "width": width + 1}, opacity=opacity,
+            marker={"symbol": "line-ew", "size": [0, 14], "line": {"width": 2, "color": colour}},
+            text=["", barrier_label(r["barrier"])], textposition=sides[k], textfont={"color": colour, "size": 12},
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
     if every:

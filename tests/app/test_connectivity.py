@@ -12,6 +12,7 @@ from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
+from app.figures import path as path_figs
 from app.figures import style
 from app.sidebar import methods
 from engine import zoo
@@ -73,11 +74,11 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     # the sidebar's method is highlighted: thick and opaque, the other curves lighter
     widths = {t["name"]: (t["line"]["width"], t.get("opacity", 1)) for t in chart(at, "barrier_chart")["data"]
               if t["name"] in rows}
-    assert at.selectbox(key="method").value == "naive" and widths[names["naive"]] == (4, 1)
-    assert widths[names["weight"]][0] < 4 and widths[names["weight"]][1] < 1
+    assert at.selectbox(key="method").value == "naive" and widths[names["naive"]] == (path_figs.HIGHLIGHT_WIDTH, 1)
+    assert widths[names["weight"]][0] < path_figs.HIGHLIGHT_WIDTH and widths[names["weight"]][1] < 1
     at.selectbox(key="method").select("weight").run()
     widths = {t["name"]: t["line"]["width"] for t in chart(at, "barrier_chart")["data"] if t["name"] in rows}
-    assert widths[names["weight"]] == 4 and widths[names["naive"]] < 4
+    assert widths[names["weight"]] == path_figs.HIGHLIGHT_WIDTH and widths[names["naive"]] < path_figs.HIGHLIGHT_WIDTH
     at.toggle(key="log_y").set_value(True).run()
     assert chart(at, "barrier_chart")["layout"]["yaxis"]["type"] == "log"
     assert any(naive["eval_set"] in c.value for c in at.caption)
@@ -245,3 +246,36 @@ def test_the_stored_loss_plane_is_drawn_with_both_segments(tiny_env, monkeypatch
     p = plane["points"]
     assert segments["naive: A to B"] == ([0.0, p["B"][0]], [0.0, p["B"][1]])
     assert segments[f"{methods()['weight']}: A to aligned B"] == ([0.0, p["B_aligned"][0]], [0.0, 0.0])
+
+
+# ---------------------------------------------------------------------------------------------
+# Live and cached curves told apart, every barrier labelled
+
+
+def test_a_live_curve_stands_apart_from_the_cached_ones_and_every_barrier_is_labelled(tiny_env):
+    _, store = tiny_env
+    names = methods()
+    at = page()
+    at.selectbox(key="method").select("weight").run()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    finish(at.button(key="run").click().run())
+    assert not at.exception
+    live_name = f"{names['weight']}, live (1,024 tokens)"
+    traces = {t["name"]: t for t in chart(at, "barrier_chart")["data"]}
+    cached, live = traces[names["weight"]], traces[live_name]  # the sidebar's method, cached and recomputed
+    assert live["line"]["dash"] == "solid" != cached["line"]["dash"] == style.method_dash("weight")
+    assert live["line"]["width"] > cached["line"]["width"] == max(traces[n]["line"]["width"] for n in names.values()
+                                                                  if n in traces)
+    assert live["marker"]["symbol"] == "diamond" and cached["marker"]["symbol"] == "circle"
+    # each barrier bar is capped at its top only, its value written beside the cap, no two on one side
+    records = {names["naive"]: cached_record(*CACHED_PAIRS[0], "naive", store),
+               names["weight"]: cached_record(*CACHED_PAIRS[0], "weight", store),
+               live_name: at.session_state["live_runs"][CACHED_PAIRS[0]]["weight"]}
+    sides = []
+    for name, rec in records.items():
+        bar = traces[f"{name}: barrier"]
+        assert list(bar["text"]) == ["", f"{rec['barrier']:.3g}"]
+        assert list(bar["marker"]["size"]) == [0, 14]
+        assert bar["y"][1] - bar["y"][0] == pytest.approx(rec["barrier"], abs=1e-12)
+        sides.append(bar["textposition"])
+    assert len(set(sides)) == len(records)

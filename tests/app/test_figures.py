@@ -90,9 +90,13 @@ def test_live_run_is_drawn_beside_cached_and_told_apart():
     live["eval_tokens"] = 1024
     fig = path_figs.barrier_figure([cached], [live])
     c, v = traces(fig)
-    assert list(v.y) == live["loss"] and v.marker.symbol == "circle-open" and c.marker.symbol == "circle"
+    assert list(v.y) == live["loss"] and v.marker.symbol == "diamond" and c.marker.symbol == "circle"
     assert v.name == "naive, live (1,024 tokens)"
     assert c.line.color == v.line.color  # same method, same colour
+    # the live run is solid and bolder than any cached curve, the sidebar's method included
+    assert v.line.dash == "solid" and v.line.width == path_figs.LIVE_WIDTH > path_figs.HIGHLIGHT_WIDTH
+    highlighted = path_figs.barrier_figure([cached], [live], highlight="naive")
+    assert [t.line.width for t in traces(highlighted)] == [path_figs.HIGHLIGHT_WIDTH, path_figs.LIVE_WIDTH]
 
 
 def test_methods_differ_by_dash_as_well_as_colour_and_the_chosen_one_stands_out():
@@ -103,8 +107,8 @@ def test_methods_differ_by_dash_as_well_as_colour_and_the_chosen_one_stands_out(
     assert len(set(dashes)) == len(methods)  # learned and dual included: no two share a pattern
     assert style.CHORD_DASH not in dashes  # and none looks like a chord
     on = {c.name: (c.line.width, c.opacity) for c in traces(fig)}
-    assert on["learned"] == (4.0, 1.0)
-    assert all(w < 4.0 and o == path_figs.DIM_OPACITY for n, (w, o) in on.items() if n != "learned")
+    assert on["learned"] == (path_figs.HIGHLIGHT_WIDTH, 1.0)
+    assert all(w < path_figs.HIGHLIGHT_WIDTH and o == path_figs.DIM_OPACITY for n, (w, o) in on.items() if n != "learned")
     assert fig.layout.yaxis.type == "log" and "log scale" in fig.layout.yaxis.title.text
     assert path_figs.barrier_figure(recs).layout.yaxis.type is None
 
