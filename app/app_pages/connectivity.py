@@ -92,10 +92,11 @@ def collect(run: live_run.LiveRun | None, live_runs: dict) -> None:
 
 
 def live_panel() -> None:
-    """The session's run: a bar per phase with the time left, Stop while it runs, the outcome after.
+    """The session's run: a bar per phase with the time left, Stop beside them while it runs, the outcome
+    after.
 
-    Drawn as a fragment that reruns every live_run.POLL_S seconds while the run is going; when it
-    ends, the whole page reruns to draw the new curve."""
+    Drawn as a fragment that reruns every live_run.POLL_S seconds while the run is going, at the top of
+    the main pane (the page puts it there); when it ends, the whole page reruns to draw the new curve."""
     run = live_run.current(st.session_state)
     if run is None:
         return
@@ -104,7 +105,8 @@ def live_panel() -> None:
         st.rerun()
     cfg, names = snap.cfg, sidebar.methods()
     state = {"done": "complete", "failed": "error"}.get(snap.state, "running" if not snap.finished else "complete")
-    with st.status(live_run.headline(snap), state=state, expanded=not snap.finished):
+    bars, stop = st.columns([5, 1], vertical_alignment="top") if not snap.finished else (st.container(), None)
+    with bars, st.status(live_run.headline(snap), state=state, expanded=not snap.finished):
         task = api.ENTRIES[cfg.model_a].task if cfg.model_a in api.ENTRIES else None
         unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
         st.caption(f"{names.get(cfg.method, cfg.method)}: `{api.display_name(cfg.model_a)}` / "
@@ -112,9 +114,10 @@ def live_panel() -> None:
         if snap.state != "failed":  # a failed run's bars would stand still forever: the error says it all
             for _, fraction, text in live_run.phase_rows(snap):
                 st.progress(fraction, text=text)
-    if not snap.finished:
-        st.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
-                  icon=":material/stop_circle:", help="End the run within one layer, step or batch; nothing is kept.")
+    if stop is not None:
+        stop.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
+                    icon=":material/stop_circle:", type="primary",
+                    help="End the run within one layer, step or batch; nothing is kept.")
     elif snap.state == "stopped":
         st.warning(snap.message)
 
@@ -288,6 +291,7 @@ except api.LMCError as e:
 if not cached and description and not sel.custom:
     st.info("Nothing is cached for this pair yet: press **Run** to compute the path live.")
 
+top = st.container()  # a running run's bars and Stop, full width above the chart (filled once Run is read)
 left, right = st.columns([3, 1], gap="large")
 with right, st.container(border=True):
     st.markdown("**Recompute live**")
@@ -321,7 +325,9 @@ with right, st.container(border=True):
         st.caption(live_run.before_run(estimates, sel.method) or
                    "No earlier run of this architecture and method to estimate the time from: the bars tell "
                    "once it starts.")
-    st.fragment(live_panel, run_every=live_run.POLL_S if run is not None and run.running else None)()
+    going = run is not None and run.running
+    with top if going else st.container():
+        st.fragment(live_panel, run_every=live_run.POLL_S if going else None)()
     live = list(live_runs.get((sel.model_a, sel.model_b), {}).values())
 
 with left:

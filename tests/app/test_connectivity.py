@@ -12,6 +12,7 @@ from plotly_json import chart
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
+from app import live_run
 from app.figures import path as path_figs
 from app.figures import style
 from app.sidebar import methods
@@ -249,7 +250,58 @@ def test_the_stored_loss_plane_is_drawn_with_both_segments(tiny_env, monkeypatch
 
 
 # ---------------------------------------------------------------------------------------------
-# Live and cached curves told apart, every barrier labelled
+# Layout: the chart first, a running run's bars and Stop above it; live and cached curves apart
+
+
+def top_level(at: AppTest, find) -> int:
+    """Index among the main pane's top-level elements of the one that holds the first node `find` accepts."""
+
+    def holds(node) -> bool:
+        return find(node) or any(holds(c) for c in getattr(node, "children", {}).values())
+
+    return next(i for i, node in enumerate(at.main.children.values()) if holds(node))
+
+
+def column_of(at: AppTest, find) -> float:
+    """Width (share of its row) of the innermost column holding the first node `find` accepts; 1 outside any."""
+
+    def search(node, weight):
+        if find(node):
+            return weight
+        for c in getattr(node, "children", {}).values():
+            got = search(c, c.weight if c.type == "column" else weight)
+            if got is not None:
+                return got
+        return None
+
+    return search(at.main, 1.0)
+
+
+def is_key(key: str):
+    return lambda node: getattr(node, "key", None) == key or key in str(getattr(getattr(node, "proto", None), "id", ""))
+
+
+def test_a_running_run_shows_its_bars_and_stop_above_the_chart_and_its_outcome_beside_it(tiny_env):
+    at = page()
+    at.selectbox(key="method").select("weight").run()
+    at.button(key="run").click().run()
+    assert not at.exception
+    run = at.session_state["live_run"]
+    try:
+        status, stop, chart_at = top_level(at, lambda n: n.type == "status"), top_level(at, is_key("stop")), \
+            top_level(at, is_key("barrier_chart"))
+        assert status == stop < chart_at == top_level(at, is_key("run"))  # one row above the chart and the controls
+        assert column_of(at, lambda n: n.type == "status") == pytest.approx(5 / 6)  # wide, not the narrow panel
+        assert column_of(at, is_key("stop")) == pytest.approx(1 / 6)
+        assert len(at.status[0].get("progress")) == len(live_run.phases_of("weight"))  # a bar per phase
+    finally:
+        run.stop()
+        run.join(TIMEOUT)
+    at.run()
+    assert not at.exception
+    # once ended, the outcome sits in the run panel beside the chart, which comes first again
+    assert top_level(at, lambda n: n.type == "status") == top_level(at, is_key("barrier_chart"))
+    assert column_of(at, lambda n: n.type == "status") == pytest.approx(1 / 4)
 
 
 def test_a_live_curve_stands_apart_from_the_cached_ones_and_every_barrier_is_labelled(tiny_env):
