@@ -197,3 +197,44 @@ def test_data_driven_aligners_run_on_a_bert_pair_through_its_twin_and_recover_a_
     assert abs(r["loss"][0] - r["loss"][-1]) < 1e-8  # the moved B still computes B's (= A's) function
     if method != "dual":  # dual reports the path in a frame of its own choosing
         assert abs(r["barrier"]) < 1e-6
+
+
+# ---------------------------------------------------------------------------------------------
+# The masked-LM evaluation set
+
+
+def test_masking_is_seeded_and_follows_bert_s_proportions():
+    from engine.data import IGNORE_INDEX, mask_tokens
+
+    w = torch.randint(0, 256, (64, 128), generator=torch.Generator().manual_seed(0))
+    x, y = mask_tokens(w, 299, 256, seed=0)
+    x2, y2 = mask_tokens(w, 299, 256, seed=0)
+    assert torch.equal(x, x2) and torch.equal(y, y2)  # deterministic: the barrier is a function of the models
+    chosen = y != IGNORE_INDEX
+    assert torch.equal(y[chosen], w[chosen]) and torch.equal(x[~chosen], w[~chosen])
+    n = int(chosen.sum())
+    assert abs(n / w.numel() - 0.15) < 0.01
+    masked, kept = int((x[chosen] == 299).sum()), int((x[chosen] == w[chosen]).sum())
+    assert abs(masked / n - 0.8) < 0.03 and 0.07 < kept / n < 0.13  # kept: 10%, plus random draws equal to the token
+    assert not torch.equal(mask_tokens(w, 299, 256, seed=1)[1], y)
+
+
+def test_mlm_eval_set_reads_the_directory_s_tokenizer_json_and_refuses_a_byte_vocabulary(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from engine.errors import DataError
+    from engine.evaluate import eval_set_for, mlm_eval_set
+
+    with pytest.raises(DataError, match="at least 257 tokens"):
+        mlm_eval_set("val", 512, n_ctx=32, vocab=256)
+    words = ["[UNK]", "[MASK]", "the", "of", "and", "to", "a", "her", "she", "was"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    m = random_bert()
+    hf_bert.save(m, tmp_path / "bert")
+    tok.save(str(tmp_path / "bert" / "tokenizer.json"))
+    from engine.models import load_model
+
+    es = eval_set_for(load_model(tmp_path / "bert", dtype=F64), "val", 1024)
+    assert "tokenizer.json:bert" in es.description and int(es.inputs.max()) < len(words)
+    assert bool((es.inputs == 1).any()) and es.size > 0  # [MASK] is id 1
