@@ -878,7 +878,7 @@ def starting_element(ctx: AlignContext) -> GroupElement:
     """B's element the latents start from: weight matching, or activation matching on one training
     batch (`Settings.start`)."""
     start = (ctx.learned or Settings()).start
-    progress = relabel(ctx.progress, f"start, {start} matching: ")
+    progress = relabel(ctx.progress, f"{start} matching, starting point: ")
     if start == "activation":
         x, _ = next(train_batches(ctx.pair.arch, ACT_BATCH[ctx.pair.arch.task], ctx.seed))
         return activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure, progress, ctx.cancel)[0]

@@ -460,7 +460,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)
     best, best_q, seen, steps = O, -float("inf"), [], 0
     for steps in range(1, INIT_STEPS + 1):
-        check(cancel, f"weight matching, starting residual map step {steps}")
+        check(cancel, f"weight matching of the residual stream, step {steps}")
         Ow = O.to(wd)
         S1, S2 = torch.zeros(D, D, dtype=wd), torch.zeros(D, D, dtype=wd)
         for xa, xb in stacked or circuit_pairs():  # one term at a time: temporaries of D x D
@@ -469,7 +469,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
         S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
         q = float((O * lin.M).sum() + (O * S1).sum())
         if progress:
-            progress(steps, INIT_STEPS, f"starting residual map, step {steps} (of at most {INIT_STEPS})")
+            progress(steps, INIT_STEPS, f"matching the residual stream, step {steps} (of at most {INIT_STEPS})")
         if q > best_q:
             gain, best, best_q = q - best_q, O, q
         else:

@@ -87,9 +87,20 @@ def test_cancelled_starting_residual_fit_stops_before_its_next_step():
     assert "residual_orth" in kinds
     token = CancelToken()
     stop = StopAfter(token)
-    with pytest.raises(Cancelled, match=r"starting residual map step 2"):
+    with pytest.raises(Cancelled, match=r"weight matching of the residual stream, step 2"):
         weight_match(p, kinds, progress=stop, cancel=token)
-    assert stop.ticks == [(1, 50, "starting residual map, step 1 (of at most 50)")]
+    assert stop.ticks == [(1, 50, "matching the residual stream, step 1 (of at most 50)")]
+
+
+@pytest.mark.parametrize("method", ["learned", "dual"])
+def test_learned_and_dual_say_their_starting_point_in_words(method):
+    p, kinds = pair()
+    token = CancelToken()
+    stop = StopAfter(token)
+    with pytest.raises(Cancelled):
+        (align_learned if method == "learned" else align_dual)(AlignContext(p, kinds, steps=20, progress=stop,
+                                                                            cancel=token))
+    assert stop.ticks[0][2] == "weight matching, starting point: matching the residual stream, step 1 (of at most 50)"
 
 
 @pytest.mark.parametrize("method", ["learned", "dual"])
@@ -157,7 +168,7 @@ def test_run_pair_reports_every_phase_in_order_with_a_remaining_time(model_dirs)
     assert [(u.done, u.total) for u in by_phase["load"]] == [(0, 2), (1, 2), (2, 2)]
     assert [(u.done, u.total) for u in by_phase["interpolate"]] == [(0, 3), (1, 3), (2, 3), (3, 3)]
     diag = rec["alignment"]["diagnostics"]
-    start = [u for u in by_phase["align"] if u.message.startswith("starting residual map")]
+    start = [u for u in by_phase["align"] if u.message.startswith("matching the residual stream")]
     layers = [u for u in by_phase["align"] if u.message.startswith("sweep")]
     assert len(by_phase["align"]) == 1 + len(start) + len(layers)  # announced, then its ticks
     assert len(start) == diag["initial_residual"]["steps"] and len(layers) == 2 * len(diag["sweeps"])
