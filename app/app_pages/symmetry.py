@@ -154,31 +154,34 @@ VERDICTS = {"exact": "exact", "approximate": "small change", "break": "changes t
 
 
 def check_rows(rep: dict) -> list[dict]:
-    """The checks and break tests as table rows, each with the band its measured change falls in."""
+    """The checks and break tests as table rows in words (no engine code names, no empty cells): what is
+    changed, the exact transform, the measured change and the band it falls in."""
     rows = []
     for r, is_break in [(r, False) for r in rep["checks"]] + [(r, True) for r in rep["breaks"]]:
         c = r["max_rel_change"]
         status = symmetry_figs.check_status(r, is_break)
-        rows.append({"test": "break test" if is_break else "symmetry", "group": r["group"], "transform": r["kind"],
-                     "max relative change": c,
+        rows.append({"test": "break test" if is_break else "symmetry", "what is changed": symmetry_figs.check_name(r["group"]),
+                     "transform": r["kind"], "max relative change": "not measured" if c is None else f"{c:.2e}",
                      "claimed": {"exact": "exact", "approximate": "approximate", "break": "not a symmetry"}[status],
                      "measured": VERDICTS[symmetry_figs.change_band(c, api.EXACT_TOL)],
-                     "exact (measured)": None if c is None else c < api.EXACT_TOL, "note": r.get("note", "")})
+                     "exact (measured)": "-" if c is None else "yes" if c < api.EXACT_TOL else "no",
+                     "note": r.get("note") or "-"})
     return rows
+
+
+COMPACT = ["test", "what is changed", "transform", "max relative change", "measured"]
 
 
 def checks_table(rep: dict, key: str, compact: bool = False) -> None:
     """The rows coloured by their measured change: green exact, yellow a small change, red a broken output."""
     rows = check_rows(rep)
-    cols = ["test", "group", "max relative change", "measured"] if compact else list(rows[0]) if rows else []
+    cols = COMPACT if compact else list(rows[0]) if rows else []
     band = {v: k for k, v in VERDICTS.items()}
     tint = [style.CHECK_TINTS[band[r["measured"]]] for r in rows]
     df = pd.DataFrame(rows, columns=cols)  # a Styler colours the rows
     styled = df.style.apply(lambda row: [f"background-color: {tint[row.name]}"] * len(row), axis=1)
     st.dataframe(styled, hide_index=True, key=key,
-                 column_config={"max relative change": st.column_config.NumberColumn(format="%.2e"),
-                                "exact (measured)": st.column_config.CheckboxColumn(),
-                                "transform": st.column_config.TextColumn(width="medium"),
+                 column_config={"transform": st.column_config.TextColumn(width="medium"),
                                 "note": st.column_config.TextColumn(width="large")})
 
 
@@ -194,7 +197,8 @@ def checks_section(rep: dict, statement: str) -> None:
                 "RoPE pairing, GL(D) on the residual, scaling a GELU neuron) and must change the output.")
     st.info(statement, icon=":material/fact_check:")
     checks_table(rep, "checks_table")
-    charts.show(symmetry_figs.invariance_figure(rep["checks"], rep["breaks"], api.EXACT_TOL), key="checks_chart")
+    charts.show(symmetry_figs.invariance_figure(rep["checks"], rep["breaks"], api.EXACT_TOL, symmetry_figs.TEST_NAMES),
+                key="checks_chart")
 
 
 def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
@@ -209,10 +213,11 @@ def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
                 help="Q/K and V/O maps plus bias redundancies, one layer.")
     c[1].metric("Q/K per layer", f"{layer0.get('qk', 0):,}")
     c[2].metric("Residual stream", f"{gd['by_kind'].get('residual_orth', 0):,}")
-    c[3].metric("Total", f"{gd['total']:,}")
+    c[3].metric(f"Whole model ({a['n_layers']} layers)", f"{gd['total']:,}",
+                help="Every layer's parts, the residual rotation and the embedding shift.")
     left, right = st.columns(2, gap="large")
     with left:
-        charts.show(symmetry_figs.group_dim_figure(gd["by_kind"]), key="dims_chart")
+        charts.show(symmetry_figs.group_dim_figure(gd["by_kind"], what="whole model"), key="dims_chart")
     with right:
         charts.show(symmetry_figs.group_dim_per_layer_figure(gd["per_layer"]), key="dims_layer_chart")
     for note in gd.get("notes", []):
@@ -298,25 +303,43 @@ def side_targets() -> tuple[list[str], str, str]:
     return names + list(PRESETS), rope or "Llama-2-7B", sin or "GPT-2 small"
 
 
-def side(target: str, key: str) -> None:
-    """One side of the teaching mode: the model, a plain statement, the coloured checks, its group."""
-    out = run(target, target in PRESETS, 0 if target in PRESETS else api.symmetry_stamp(target))
-    if not out:
-        return
+def side_parts(reps: list[dict]) -> list[str]:
+    """The group parts either side has (in the page's part order): both sides draw the same bars, a part
+    one side lacks as a 0."""
+    order = list(style.PART_LABELS)
+    kinds = {k for rep in reps for k, v in rep["group_dim"]["by_kind"].items() if v}
+    return [k for k in order if k in kinds] + sorted(kinds - set(order))
+
+
+def side(target: str, out: dict, key: str, parts: list[str], top: int) -> None:
+    """One side of the teaching mode: the model, its group part by part in words (per layer and whole model
+    told apart), a chart on the axis both sides share, the coloured checks, its downloads."""
     rep = out["report"]
-    st.caption(arch_line(rep["arch"]))
+    gd, a = rep["group_dim"], rep["arch"]
+    st.caption(arch_line(a))
+    st.markdown("**The group, part by part.** What each part may change without changing the output, and its "
+                "continuous dimension in one layer and in the whole model.")
+    st.dataframe(pd.DataFrame(symmetry_figs.group_parts(a, gd)), hide_index=True, key=f"parts_table_{key}",
+                 column_config={"group": st.column_config.TextColumn(width="large")})
+    layer0 = gd["per_layer"][0] if gd["per_layer"] else {}
+    c = st.columns(2)
+    c[0].metric("Dimension per layer", f"{layer0.get('total', 0):,}", help="One layer's parts, added up.")
+    c[1].metric(f"Whole model ({a['n_layers']} layers)", f"{gd['total']:,}",
+                help="Every layer's parts, the residual rotation and the embedding shift.")
+    charts.show(symmetry_figs.group_dim_figure(gd["by_kind"], parts=parts, top=top,
+                                               what=f"whole model, {a['n_layers']} layers"),
+                key=f"dims_chart_{key}", name=f"Group dimension by part, whole model: {side_name(target, rep)}")
     if rep["dims_only"]:
         st.caption("A published shape: group dimensions from its config, no weights to check.")
     else:
         st.markdown(out["statement"])
         checks_table(rep, f"checks_table_{key}", compact=True)
-    gd = rep["group_dim"]
-    layer0 = gd["per_layer"][0] if gd["per_layer"] else {}
-    c = st.columns(3)
-    c[0].metric("Q/K per layer", f"{layer0.get('qk', 0):,}")
-    c[1].metric("V/O per layer", f"{layer0.get('vo', 0):,}")
-    c[2].metric("Residual stream", f"{gd['by_kind'].get('residual_orth', 0):,}")
-    charts.show(symmetry_figs.group_dim_figure(gd["by_kind"]), key=f"dims_chart_{key}")
+    report_downloads(out, side_name(target, rep), f"symmetry_side_{key}")
+
+
+def side_name(target: str, rep: dict) -> str:
+    """What a side shows, by name: the preset's, or the zoo model's or directory's (never its path)."""
+    return target if target in PRESETS else api.display_name(rep["model"])
 
 
 def side_by_side() -> None:
@@ -326,11 +349,23 @@ def side_by_side() -> None:
                 "measured change: **green** exact (float error), **yellow** a small change, **red** a changed "
                 "output.")
     cols = st.columns(2, gap="large")
+    picked = {}
     for col, key, default in ((cols[0], "left", left_default), (cols[1], "right", right_default)):
         with col:
             target = st.selectbox("Model or shape", options, index=options.index(default), key=f"sym_{key}",
                                   format_func=lambda n: n if n in PRESETS else f"{n} (zoo)")
-            side(target, key)
+            out = run(target, target in PRESETS, 0 if target in PRESETS else api.symmetry_stamp(target))
+            if out:
+                picked[key] = (col, target, out)
+    reps = [out["report"] for _, _, out in picked.values()]
+    parts = side_parts(reps)
+    top = max((rep["group_dim"]["by_kind"].get(k, 0) for rep in reps for k in parts), default=1)
+    for key, (col, target, out) in picked.items():
+        with col:
+            side(target, out, key, parts, top)
+    if picked:
+        names = " vs ".join(side_name(t, o["report"]) for _, t, o in picked.values())
+        charts.download_button(key="symmetry_side_figures", subject=names)
 
 
 st.title("Symmetry")
