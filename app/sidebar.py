@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-from app import live_run, url_state
+from app import live_run, messages, url_state
 from engine import api
 
 # Short labels fit the sidebar picker; long ones head the page.
@@ -79,8 +79,7 @@ def render() -> None:
         if key == CUSTOM:
             url_state.bind("model_a_dir", "a")
             url_state.bind("model_b_dir", "b")
-            st.text_input("Model A directory", key="model_a_dir", placeholder="path/to/model_a")
-            st.text_input("Model B directory", key="model_b_dir", placeholder="path/to/model_b")
+            messages.directory_inputs()  # each directory's error right under its input, both when both are bad
         else:
             a, b = pairs[key]
             st.caption(f"A: `{a}`  \nB: `{b}`")

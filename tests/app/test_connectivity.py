@@ -154,8 +154,10 @@ def test_an_unbuilt_zoo_is_refused_before_any_run(monkeypatch, tmp_path):
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
     at = page()
     assert not at.exception
-    a = zoo.pairs()[0][0]
-    assert at.error[0].value == f"Model A: Zoo model {a} is not built yet; run `python -m engine zoo build --only {a}`."
+    a, b = zoo.pairs()[0]
+    assert [e.value for e in at.main.error] == [  # every model not built, not only A
+        f"Model A: Zoo model {a} is not built yet; run `python -m engine zoo build --only {a}`.",
+        f"Model B: Zoo model {b} is not built yet; run `python -m engine zoo build --only {b}`."]
     assert at.button(key="run").disabled and not at.status  # nothing started, no stale progress
     assert "zoo is not built" in at.info[-1].value
     assert not at.get("plotly_chart")
@@ -170,17 +172,59 @@ def test_model_directories_run_and_bad_ones_show_an_error(tiny_env):
     at.text_input(key="model_a_dir").input("/nonexistent/model").run()
     at.text_input(key="model_b_dir").input(str(zoo_dir / "lm-rope-s1")).run()
     assert not at.exception and at.button(key="run").disabled
-    assert at.error[0].value == "Model A /nonexistent/model is neither a zoo model nor an existing directory."
+    assert at.sidebar.error[0].value == "Model A /nonexistent/model is neither a zoo model nor an existing directory."
     at.text_input(key="model_a_dir").input(str(zoo_dir / "vit-learned-s0")).run()
     assert not at.exception and at.button(key="run").disabled
-    assert at.error[0].value.startswith("Model A is a reference ViT and model B a reference LM:")
-    assert str(zoo_dir / "vit-learned-s0") in at.error[0].value  # named by its full path
+    assert at.sidebar.error[0].value.startswith("Model A is a reference ViT and model B a reference LM:")
+    assert str(zoo_dir / "vit-learned-s0") in at.sidebar.error[0].value  # named by its full path
+    assert not at.main.error and "the sidebar says why" in at.main.info[0].value
     at.text_input(key="model_a_dir").input(str(zoo_dir / "lm-rope-s0")).run()
     assert any("Two reference LMs of the same shape" in c.value for c in at.caption)  # not "different seeds"
     at.select_slider(key="eval_items_custom").set_value(256).run()
     finish(at.button(key="run").click().run())
     assert not at.exception and not at.error
     assert list(curves(chart(at, "barrier_chart"))) == [f"{NAIVE}, live (256 tokens)"]
+
+
+def sidebar_inputs(at: AppTest) -> list[str]:
+    """The sidebar's directory inputs and error boxes, top to bottom: 'input A', 'error: <sentence>', ..."""
+    out = []
+
+    def walk(node):
+        if node.type == "text_input":
+            out.append({"model_a_dir": "input A", "model_b_dir": "input B"}[node.key])
+        elif node.type == "error":
+            out.append(f"error: {node.value}")
+        for c in getattr(node, "children", {}).values():
+            walk(c)
+
+    walk(at.sidebar)
+    return out
+
+
+def test_each_bad_directory_is_told_right_under_its_own_input(tiny_env, tmp_path):
+    zoo_dir, _ = tiny_env
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    at = page()
+    at.selectbox(key="pair").select("custom").run()
+    at.text_input(key="model_a_dir").input("/nonexistent/model").run()
+    assert sidebar_inputs(at) == [  # at once, while B is still empty
+        "input A", "error: Model A /nonexistent/model is neither a zoo model nor an existing directory.", "input B"]
+    at.text_input(key="model_b_dir").input(str(empty)).run()
+    assert not at.exception and at.button(key="run").disabled
+    b_empty = f"error: Model B directory {empty} is empty: a model directory holds config.json and the weights."
+    assert sidebar_inputs(at) == [  # both bad: both told, each under its own input
+        "input A", "error: Model A /nonexistent/model is neither a zoo model nor an existing directory.",
+        "input B", b_empty]
+    assert not at.main.error  # not in the main pane, away from the inputs
+    at.text_input(key="model_a_dir").input(str(zoo_dir / "lm-rope-s0")).run()
+    assert sidebar_inputs(at) == ["input A", "input B", b_empty]
+    at.text_input(key="model_b_dir").input(str(zoo_dir / "vit-learned-s1")).run()
+    (pair,) = at.sidebar.error  # each fine alone, not together: under both inputs
+    assert sidebar_inputs(at)[:2] == ["input A", "input B"] and pair.value.startswith("Model A is a reference LM")
+    at.text_input(key="model_b_dir").input(str(zoo_dir / "lm-rope-s1")).run()
+    assert not at.error and not at.button(key="run").disabled
 
 
 def test_a_corrupt_cached_record_is_skipped_with_a_warning(tiny_env, monkeypatch, tmp_path):

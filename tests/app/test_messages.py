@@ -1,5 +1,6 @@
 """One message per cause, the same on every page: an empty directory as model A on Connectivity and
-Alignment, and as the model on Symmetry, gives the engine's one sentence, full width, before any work."""
+Alignment gives the engine's one sentence under its input in the sidebar, and as the model on Symmetry
+the same sentence, before any work."""
 
 from pathlib import Path
 
@@ -22,8 +23,8 @@ def test_an_empty_directory_gets_one_message_on_every_page(tiny_env, tmp_path):
         at.session_state["model_b_dir"] = str(zoo_dir / "lm-rope-s1")
         at.switch_page(page).run()
         assert not at.exception and not at.status
-        seen[page] = [e.value for e in at.error]
-        assert at.error[0].icon == ":material/error:"
+        seen[page] = [e.value for e in at.sidebar.error]
+        assert at.error[0].icon == ":material/error:" and not at.main.error
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.session_state["sym_source"] = "dir"
     at.session_state["sym_dir"] = str(empty)

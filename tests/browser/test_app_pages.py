@@ -77,7 +77,7 @@ def test_side_by_side_symmetry_mode(page, streamlit_url):
                            ".filter(e => e.textContent.includes('log scale')).length >= 2")
 
 
-def test_each_error_is_one_full_width_sentence(page, streamlit_url, tmp_path):
+def test_each_error_is_one_sentence_next_to_its_input(page, streamlit_url, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     page.goto(streamlit_url)
@@ -88,14 +88,17 @@ def test_each_error_is_one_full_width_sentence(page, streamlit_url, tmp_path):
     page.get_by_label("Model A directory").press("Enter")
     page.get_by_label("Model B directory").fill("/nonexistent/model")
     page.get_by_label("Model B directory").press("Enter")
-    page.wait_for_selector(ERROR)
+    sidebar = page.locator('[data-testid="stSidebar"]')
+    page.wait_for_function(f"() => document.querySelectorAll('[data-testid=\"stSidebar\"] {ERROR}').length == 2")
     wait_idle(page)
-    text = error_text(page)
-    assert text == f"Model A directory {empty} is empty: a model directory holds config.json and the weights."
-    # full width: the box spans the main column, not the narrow run panel
-    main = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()
-    box = page.locator('[data-testid="stAlert"]').first.bounding_box()
-    assert box["width"] > 0.9 * main["width"] - 100
+    # both directories are bad: both sentences, each right under its own input, none in the main pane
+    texts = [t.strip().split("\n")[-1] for t in sidebar.locator(ERROR).all_inner_texts()]
+    assert texts == [f"Model A directory {empty} is empty: a model directory holds config.json and the weights.",
+                     "Model B /nonexistent/model is neither a zoo model nor an existing directory."]
+    a_box, b_box = (page.get_by_label(f"Model {m} directory").bounding_box() for m in "AB")
+    error_a, error_b = (e.bounding_box() for e in sidebar.locator(ERROR).all())
+    assert a_box["y"] < error_a["y"] < b_box["y"] < error_b["y"]
+    assert page.locator(f'[data-testid="stMainBlockContainer"] {ERROR}').count() == 0
     assert page.get_by_role("button", name="Run").is_disabled()
     # the same directory on the Symmetry page: the same sentence, for "the model"
     page.goto(streamlit_url + "/symmetry")
