@@ -22,8 +22,9 @@ __all__ = ["group_dimension", "sinusoidal_spectrum"]
 def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     """Continuous dimension of the symmetry group, per component, per layer and in total.
 
-    Counted for the folded form (RMSNorm gains in the readers; LayerNorm rewritten as RMSNorm), with
-    the logits as the function (the log-softmax would add the head's constant-column gauge).
+    Counted for the folded form (RMSNorm gains in the readers; LayerNorm rewritten as RMSNorm; a post-norm
+    encoder as given, since no rewrite removes its stream norms), with the logits as the function (the
+    log-softmax would add the head's constant-column gauge).
       qk   h_kv (r + (d - r)^2)   GL(d) without RoPE (r = 0), H(r) x GL(d - r) with it;
            d / 2 with QK-norm     one gain scale per frequency pair and layer, shared by every head
       vo   h_kv d^2
@@ -35,7 +36,9 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
       pe_shift    D (LM) or 2D (ViT: class token / row 0 and patch bias / rows 1..N); untied only
       ln_reader_gauge            `centred` (default: a LayerNorm model): the stream lies in the hyperplane
                                  orthogonal to 1, so every reader column may add a multiple of 1 there:
-                                 per layer h d + 2 h_kv d + m (2m for SwiGLU), plus n_out for an untied head
+                                 per layer h d + 2 h_kv d + m (2m for SwiGLU), plus n_out for an untied head;
+                                 post-norm (BERT, docs/MATH.md section 9): the same columns move along 1/g
+                                 of the norm before them, plus the masked-LM head's dense layer (D)
     Permutations are discrete (dimension 0).
     """
     check_arch(arch)
@@ -48,6 +51,8 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     ms = m if arch.mlp in ("relu", "swiglu") else 0
     gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.mlp == "swiglu" else 1) if centred else 0
     head_gauge = arch.n_out if centred and not arch.tied_embeddings else 0
+    if centred and arch.post_norm:  # the head's dense layer reads the last stream norm (docs/MATH.md section 9)
+        head_gauge += D
     notes = []
     if arch.pe == "sinusoidal":
         # Omega must fix every difference P_sin[t] - P_sin[t0] (the embedding absorbs a constant shift):
@@ -66,7 +71,10 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     if arch.pe == "learned" and arch.tied_embeddings:
         notes.append("tied embeddings: the embedding shift moves the logits by a per-position constant, a "
                      "symmetry of the log-probabilities only, not counted")
-    if arch.norm == "layernorm":
+    if arch.post_norm:
+        notes.append("post-LayerNorm: counted as given (no rewrite removes the stream norms' gains); each reader "
+                     "column may move along 1/g of the norm before it, every writer row's mean is a free gauge")
+    elif arch.norm == "layernorm":
         notes.append("LayerNorm: counted for the RMSNorm rewrite; as given, the gains and biases add per-norm "
                      "scalings and bias shifts, every writer row's mean is a free gauge, and only rotations "
                      "fixing the all-ones vector are exact")

@@ -8,6 +8,7 @@ parameter random (gains around 1), nothing downloaded.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -238,3 +239,24 @@ def test_mlm_eval_set_reads_the_directory_s_tokenizer_json_and_refuses_a_byte_vo
     es = eval_set_for(load_model(tmp_path / "bert", dtype=F64), "val", 1024)
     assert "tokenizer.json:bert" in es.description and int(es.inputs.max()) < len(words)
     assert bool((es.inputs == 1).any()) and es.size > 0  # [MASK] is id 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The group's dimension
+
+
+def test_group_dimension_of_a_post_norm_encoder_has_no_residual_part_and_no_rmsnorm_rewrite_note():
+    from engine.groups import group_dimension
+
+    a = random_bert().arch
+    D, h, d, m, L = a.d_model, a.n_heads, a.d_head, a.d_mlp, a.n_layers
+    gd = group_dimension(a)
+    assert gd["by_kind"]["residual_orth"] == 0 and gd["by_kind"]["residual_perm"] == 0
+    assert gd["by_kind"]["qk"] == L * h * d * d and gd["by_kind"]["vo"] == L * h * d * d
+    assert gd["by_kind"]["key_bias"] == L * h * d and gd["by_kind"]["value_bias"] == L * h * d
+    # reader columns (Q, K, V, MLP-in per layer, and the head's dense layer) each move along 1/g
+    assert gd["by_kind"]["ln_reader_gauge"] == L * (3 * h * d + m) + D
+    assert not any("RMSNorm rewrite" in n for n in gd["notes"])
+    assert any(n.startswith("post-LayerNorm: counted as given") for n in gd["notes"])
+    pre = group_dimension(replace(a, post_norm=False))  # the same shapes, pre-norm: the rewrite note returns
+    assert any("RMSNorm rewrite" in n for n in pre["notes"])
