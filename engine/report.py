@@ -28,16 +28,16 @@ def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, 
         return m, m.arch, m.name or m.family
     if isinstance(model_or_config_path, dict):
         return None, arch_from_config(model_or_config_path), "config"
-    path = Path(model_or_config_path)
-    if not path.exists():
+    path = name = Path(model_or_config_path)
+    if not path.exists():  # a zoo name: reported by that name, not by where this machine keeps it
         from engine.zoo import resolve
 
         path = resolve(str(model_or_config_path))
     if path.is_dir() and not dims_only and any(path.glob("*.safetensors")):
         m = load_model(path, dtype=torch.float64)
-        return m, m.arch, str(path)
+        return m, m.arch, str(name)
     cfg_file = path if path.is_file() else path / "config.json"
-    return None, arch_from_config(read_json_object(cfg_file), str(cfg_file)), str(path)
+    return None, arch_from_config(read_json_object(cfg_file), str(cfg_file)), str(name)
 
 
 def symmetry_report(model_or_config_path, dims_only: bool = False, k: int = 3, seed: int = 0) -> dict:

@@ -36,6 +36,13 @@ def test_a_stored_view_is_read_back_until_the_weights_change(tiny, monkeypatch):
     assert not api.has_precomputed_symmetry(name)
 
 
+def test_a_stored_view_names_the_zoo_model_not_where_it_lies(tiny):
+    api.build_symmetry(["lm-rope-s0"])
+    stored = api.symmetry_view("lm-rope-s0")
+    assert stored["precomputed"] and stored["report"]["model"] == "lm-rope-s0"
+    assert str(tiny) not in repr(stored)
+
+
 def test_the_statement_says_what_is_exact_and_what_breaks(tiny):
     view = api.symmetry_view("lm-rope-s0", precomputed=False)
     text = view["statement"]
