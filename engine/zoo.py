@@ -3,7 +3,8 @@
 Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, the wider
 models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width), and the
 medium tier `lm-{pe}-medium-s{seed}` (the same recipe at the shape of Theus et al.'s GPT-2-style LM:
-6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone); each holds
+6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone), and further seeds of a
+recipe for the N-model study (MORE_SEEDS: `vit-learned-s2`); each holds
 config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
 (assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
 the data hash. `python -m engine zoo build` retrains the lot from these definitions.
@@ -34,6 +35,8 @@ QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar
 WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
 MEDIUM = {"n_layers": 6, "d_model": 256, "d_mlp": 1024}  # the medium tier's shape (4 heads, context 128 as small)
 MEDIUM_PES = ("learned",)  # the reference's setting first; RoPE at this size is the next to train
+MORE_SEEDS = (("vit", "learned", 2),)  # (task, pe, seed): further seeds of a recipe, for N-model studies
+# (engine.multi); they join no pair, so every pair stays the recipe's seeds 0 and 1
 
 
 def zoo_dir() -> Path:
@@ -79,6 +82,7 @@ ENTRIES: dict[str, ZooEntry] = {
     + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-w{w}-s{s}", task, pe, s, w) for task, pe, w in WIDE for s in SEEDS]
     + [ZooEntry(f"lm-{pe}-medium-s{s}", "lm", pe, s, tier="medium") for pe in MEDIUM_PES for s in SEEDS]
+    + [ZooEntry(f"{task}-{pe}-s{s}", task, pe, s) for task, pe, s in MORE_SEEDS]
 }
 
 
@@ -102,10 +106,11 @@ def display_name(name_or_path: str | Path) -> str:
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every same-architecture pair in the zoo: same task, positional encoding, width and tier, different seeds."""
+    """Every same-architecture pair in the zoo: same task, positional encoding, width and tier, seeds 0 and 1
+    (MORE_SEEDS join no pair)."""
     out = []
     for a, b in combinations(ENTRIES.values(), 2):
-        if (a.task, a.pe, a.width, a.tier) == (b.task, b.pe, b.width, b.tier):
+        if (a.task, a.pe, a.width, a.tier) == (b.task, b.pe, b.width, b.tier) and {a.seed, b.seed} <= set(SEEDS):
             out.append((a.name, b.name))
     return out
 

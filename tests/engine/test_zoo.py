@@ -47,7 +47,15 @@ def test_pairs_join_seeds_of_one_architecture_only():
     for a, b in pairs:
         ea, eb = zoo.ENTRIES[a], zoo.ENTRIES[b]
         assert (ea.task, ea.pe, ea.width, ea.tier) == (eb.task, eb.pe, eb.width, eb.tier) and ea.seed != eb.seed
-    assert len(pairs) == len(zoo.ENTRIES) // 2
+    assert len(pairs) == sum(e.seed == 0 for e in zoo.ENTRIES.values())
+
+
+def test_a_further_seed_is_its_recipe_with_another_seed_and_joins_no_pair():
+    e, s0 = zoo.ENTRIES["vit-learned-s2"], zoo.ENTRIES["vit-learned-s0"]
+    assert (e.task, e.pe, e.seed, e.width, e.tier) == ("vit", "learned", 2, None, "small")
+    assert e.config() == s0.config() and e.train_config() == s0.train_config() and e.store_dtype == s0.store_dtype
+    assert all("vit-learned-s2" not in p for p in zoo.pairs()) and ("vit-learned-s0", "vit-learned-s1") in zoo.pairs()
+    assert {n for n, x in zoo.ENTRIES.items() if x.seed not in zoo.SEEDS} == {"vit-learned-s2"}
 
 
 def test_the_manifest_gives_each_model_its_width(tmp_path, monkeypatch):
