@@ -90,6 +90,7 @@ from engine.align.solvers import (
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.align.weight import weight_match
 from engine.cancel import check
+from engine.data import IGNORE_INDEX
 from engine.errors import LMCError
 from engine.evaluate import seq_len
 from engine.models import Model
@@ -621,17 +622,25 @@ def items_per_pass(arch: Arch, x: Tensor, dtype: torch.dtype) -> int:
     return max(1, LOGIT_BYTES // per_item)
 
 
+def scored(y: Tensor) -> int:
+    """Targets the task loss scores: every one but a masked LM's IGNORE_INDEX positions (engine.data), so a
+    micro-batch's mean loss weighs by its scored targets, not by the positions it holds."""
+    return int((y != IGNORE_INDEX).sum())
+
+
 @torch.no_grad()
 def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
-    """Mean task loss over (x, y), `per_pass` items per forward pass, summed in float64 (under
-    torchrun each process scores its share of the rows and the sums are added: engine.distributed)."""
+    """Mean task loss per scored target over (x, y), `per_pass` items per forward pass, summed in float64
+    (under torchrun each process scores its share of the rows and the sums are added: engine.distributed)."""
     rows = distributed.shard(len(x))
     x, y_all, y = x[rows], y, y[rows]
     total = torch.zeros((), dtype=torch.float64)
     for i in range(0, len(x), per_pass):
-        total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * y[i:i + per_pass].numel()
+        n = scored(y[i:i + per_pass])
+        if n:  # a masked-LM micro-batch without a scored target adds nothing (its mean would be NaN)
+            total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * n
     distributed.all_sum(total)
-    return float(total) / y_all.numel()
+    return float(total) / scored(y_all)
 
 
 def backward_loss(tw: Model, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
@@ -641,10 +650,13 @@ def backward_loss(tw: Model, mid: Params, x: Tensor, y: Tensor, per_pass: int) -
     the group action's graph is then walked once, not once per micro-batch.
     """
     leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in mid.items()}
-    total = 0.0
+    total, n_all = 0.0, scored(y)
     for i in range(0, len(x), per_pass):
         yi = y[i:i + per_pass]
-        loss = task_loss(functional_logits(tw, leaves, x[i:i + per_pass]), yi) * (yi.numel() / y.numel())
+        n = scored(yi)
+        if not n:  # nothing scored here (a masked LM): no loss and no gradient
+            continue
+        loss = task_loss(functional_logits(tw, leaves, x[i:i + per_pass]), yi) * (n / n_all)
         loss.backward()
         total += float(loss.detach())
     keys = [k for k, v in mid.items() if v.requires_grad and leaves[k].grad is not None]
@@ -805,7 +817,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             solve(step - 1)
         x, y = next(batches)
         rows = distributed.shard(len(x))  # this process's share of the batch (all of it in one process)
-        share = y[rows].numel() / y.numel()
+        share = scored(y[rows]) / scored(y)
         lam = sample_lambda(rng, st.lambdas, worst_lam)
         if time_budget_s is None:
             f = lr_factor(step, steps, st.warmup)

@@ -260,3 +260,33 @@ def test_group_dimension_of_a_post_norm_encoder_has_no_residual_part_and_no_rmsn
     assert any(n.startswith("post-LayerNorm: counted as given") for n in gd["notes"])
     pre = group_dimension(replace(a, post_norm=False))  # the same shapes, pre-norm: the rewrite note returns
     assert any("RMSNorm rewrite" in n for n in pre["notes"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Learned matching's loss on masked targets
+
+
+def test_learned_matching_s_mean_loss_weighs_micro_batches_by_their_scored_targets():
+    import torch.nn.functional as F
+
+    from engine.align.learned import backward_loss, mean_loss, scored
+    from engine.data import IGNORE_INDEX, mask_tokens
+
+    m = random_bert()
+    tw = hf_bert.twin(m)
+    w = tokens(4, 24, seed=11)
+    x, y = mask_tokens(w, V - 1, 256, seed=3)
+    y[0, :20] = IGNORE_INDEX  # micro-batches with very different numbers of scored targets
+    y[1, 5:] = w[1, 5:]
+    counts = [scored(y[i:i + 1]) for i in range(4)]
+    assert len(set(counts)) > 2 and scored(y) == sum(counts)
+    with torch.no_grad():
+        want = float(F.cross_entropy(model_logits(m, x).flatten(0, 1), y.flatten()))  # one mean over the scored
+    assert abs(mean_loss(tw.module, x, y, per_pass=1) - want) < 1e-12
+    assert abs(mean_loss(tw.module, x, y, per_pass=3) - want) < 1e-12
+    p = {k: v.clone().requires_grad_(k == "head.b") for k, v in hf_bert.to_canonical(m).items()}
+    assert abs(backward_loss(tw, p, x, y, per_pass=1) - want) < 1e-12
+    y[2:] = IGNORE_INDEX  # micro-batches with nothing scored add nothing
+    with torch.no_grad():
+        want = float(F.cross_entropy(model_logits(m, x).flatten(0, 1), y.flatten()))
+    assert abs(mean_loss(tw.module, x, y, per_pass=1) - want) < 1e-12
