@@ -342,6 +342,9 @@ def _degrees(rad: float) -> float:
     return math.degrees(rad)
 
 
+LOG_TICKS = "~g"  # d3 format: a plain number, trailing zeros trimmed (0.8, 1, 2.5, 1e-5)
+
+
 def singular_values_figure(maps: dict[str, Sequence[Sequence[float]]], group: str = "KV group") -> go.Figure:
     """Singular values of the within-head GL maps, one panel per map kind ('Q/K map', 'V/O map'), one line
     per KV group (or head): all ones for an orthogonal map, a spread for a genuinely non-orthogonal one."""
@@ -358,7 +361,9 @@ def singular_values_figure(maps: dict[str, Sequence[Sequence[float]]], group: st
                 marker={"size": 4}, hovertemplate=f"{group} {c}: σ_%{{x}} = %{{y:.4f}}<extra></extra>",
             ), row=1, col=col)
         fig.update_xaxes(title_text="index k (largest first)", row=1, col=col)
-        fig.update_yaxes(type="log", row=1, col=col)
+        # every tick a number ('0.8', '2'): plotly's default writes a log axis's in-decade ticks as bare
+        # leading digits, which read '3, 2, 1, 9, 8' down an axis from 3 to 0.8
+        fig.update_yaxes(type="log", tickformat=LOG_TICKS, row=1, col=col)
     fig.update_yaxes(title_text="singular value σ_k (log)", row=1, col=1)
     fig.update_layout(legend={"orientation": "v", "yanchor": "top", "y": 1, "xanchor": "left", "x": 1.02},
                       margin={"l": 10, "r": 10, "t": 40, "b": 10}, height=360)

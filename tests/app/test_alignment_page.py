@@ -137,8 +137,9 @@ def test_one_layer_in_detail_follows_the_slider(env):
         for c, t in enumerate(polar):
             assert list(t["r"]) == L["rope_scalars"]["abs"][c]
             assert list(t["theta"]) == pytest.approx([math.degrees(p) for p in L["rope_scalars"]["angle"][c]])
-        sv = chart(at, "singular_values")["data"]
-        assert [list(t["y"]) for t in sv] == L["vo_singular_values"]
+        sv = chart(at, "singular_values")
+        assert [list(t["y"]) for t in sv["data"]] == L["vo_singular_values"]
+        assert sv["layout"]["yaxis"]["tickformat"] == "~g"  # '0.8', '2' on the log axis, not bare digits
 
 
 def test_only_the_open_tab_is_drawn_and_the_layer_is_kept_while_another_is_open(env):

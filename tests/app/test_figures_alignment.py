@@ -116,6 +116,8 @@ def test_singular_values_one_panel_per_map_log_scale():
     assert [list(t.y) for t in fig.data] == L["qk_singular_values"] + L["vo_singular_values"]
     assert [t.xaxis for t in fig.data] == ["x", "x", "x2", "x2"]
     assert fig.layout.yaxis.type == "log" and fig.layout.yaxis2.type == "log"
+    # every tick a plain number, not plotly's bare in-decade digits ('3, 2, 1, 9, 8' down from 3 to 0.8)
+    assert fig.layout.yaxis.tickformat == fig.layout.yaxis2.tickformat == "~g"
     assert [t.showlegend for t in fig.data] == [True, True, False, False]  # one legend entry per KV group
     assert len(alignment_figs.singular_values_figure({"Q/K map": None}).data) == 0
 
