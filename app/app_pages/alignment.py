@@ -1,10 +1,11 @@
 """Alignment: the group element that moves model B onto model A, shown layer by layer.
 
 For the sidebar's pair and method it opens the cached record (or the Connectivity page's live run of
-the same pair and method) and draws, first, where the barrier lives (the record's `attribution`: each
-block interpolated alone, what each class buys), then the record's `alignment` field: head and neuron
-permutations, within-head maps, the residual map, matching cost before and after, and the method's own
-diagnostics.
+the same pair and method) and draws, first and above the fold, a sentence naming the layer that aligned
+worst and the chart it comes from: where the barrier lives (the record's `attribution`: each block
+interpolated alone, what each class buys), or for a record without one the matching cost per layer.
+Then the record's `alignment` field: head and neuron permutations, within-head maps, the residual map,
+matching cost before and after, and the method's own diagnostics.
 Everything drawn is already in the record; the engine is not run here.
 """
 
@@ -133,16 +134,26 @@ def summary(rec: dict) -> None:
         cols[3].metric("Residual map", res.get("kind", "none"))
 
 
-def barrier_attribution(rec: dict, names: dict[str, str], custom: bool) -> None:
-    """Where the barrier lives: each block interpolated alone, and what each class buys (the record's
-    `attribution`, engine/attribution.py); drawn above the tabs, so the worst layer is seen first."""
-    st.markdown("#### Where the barrier lives")
+COST_TEXT = ("The normalised squared distance between A's and B's weights (1: unrelated, 0: identical) before "
+             "alignment and after the method moved B.")
+
+
+def first_chart(rec: dict, names: dict[str, str], custom: bool) -> bool:
+    """The page's first chart, under a sentence naming the worst-aligned layer: where the barrier lives (each
+    block interpolated alone, what each class buys: the record's `attribution`, engine/attribution.py), or,
+    for a record without one, the matching cost per layer; True when it drew the matching cost."""
+    method = names.get(rec["method"], rec["method"])
     missing = alignment_figs.attribution_missing(rec, custom)
     if missing:
+        sentence = alignment_figs.matching_sentence(rec, method)
+        if sentence:
+            st.markdown(sentence)
+            charts.show(alignment_figs.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"], method),
+                        key="cost_chart")
+            st.caption(COST_TEXT)
         st.info(missing)
-        return
+        return sentence is not None
     st.markdown(alignment_figs.attribution_sentence(rec))
-    method = names.get(rec["method"], rec["method"])
     left, right = st.columns([3, 2], gap="large")
     with left:
         charts.show(alignment_figs.attribution_figure(rec, method), key="attribution_blocks")
@@ -155,14 +166,16 @@ def barrier_attribution(rec: dict, names: dict[str, str], custom: bool) -> None:
             charts.show(fig, key="attribution_classes")
             st.caption("A bar: how much the midpoint barrier rises when the class is taken out of the aligned "
                        "element, B keeping its own coordinates for it; at or below zero (grey) it buys nothing here.")
+    return False
 
 
-def overview(rec: dict, element: dict, colour: str, names: dict[str, str]) -> None:
+def overview(rec: dict, element: dict, colour: str, names: dict[str, str], cost_drawn: bool) -> None:
+    """Every layer at once; the matching cost unless the page drew it first (`cost_drawn`)."""
     arch, layers = rec["arch"], element["layers"]
-    st.markdown("**Matching cost per layer.** The normalised squared distance between A's and B's weights "
-                "(1: unrelated, 0: identical) before alignment and after the method moved B.")
-    charts.show(alignment_figs.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
-                                              names.get(rec["method"], rec["method"])), key="cost_chart")
+    if not cost_drawn:
+        st.markdown(f"**Matching cost per layer.** {COST_TEXT}")
+        charts.show(alignment_figs.matching_cost_figure(rec["alignment"]["matching_cost"], rec["method"],
+                                                        names.get(rec["method"], rec["method"])), key="cost_chart")
     st.markdown("**Head permutations, every layer.** A filled cell pairs A's head (row) with the B head "
                 "(column) it is interpolated with; the diagonal would mean no head moved."
                 + (" Outlined blocks are KV groups: query heads move only with their group." if
@@ -339,8 +352,8 @@ elif rec is not None and not rec.get("alignment"):
     st.warning("This record has no alignment field: it was written before the aligners recorded their element.")
 elif rec is not None:
     colour = style.method_colour(rec["method"])
+    cost_drawn = first_chart(rec, names, sel.custom)  # above the fold: the numbers and tables come after it
     summary(rec)
-    barrier_attribution(rec, names, sel.custom)
     classes_table(rec)
     element = rec["alignment"]["element"]
     if rec["alignment"].get("element_a"):
@@ -362,7 +375,7 @@ elif rec is not None:
     tab_all, tab_layer, tab_opt, tab_ablation = st.tabs(tabs, key="align_tab", on_change="rerun")
     if tab_all.open:
         with tab_all:
-            overview(rec, element, colour, names)
+            overview(rec, element, colour, names, cost_drawn)
     if tab_layer.open:
         with tab_layer:
             layer_detail(rec, element, colour)

@@ -540,8 +540,8 @@ def _block_title(block: str) -> str:
 
 
 def attribution_sentence(rec: dict) -> str:
-    """One sentence: the block that holds the most of the midpoint barrier alone, its parts, and the class
-    whose removal would raise the barrier most."""
+    """One sentence: the block that holds the most of the midpoint barrier alone (of what alignment left of
+    it, for an aligner), its parts, and the class whose removal would raise the barrier most."""
     att = attribution_of(rec)
     mb = att["midpoint_barrier"]
     block, parts = max(((b, p) for b, p in attribution_blocks(att) if "all" in p), key=lambda g: g[1]["all"]["excess"])
@@ -549,8 +549,9 @@ def attribution_sentence(rec: dict) -> str:
     inner = sorted(((p, parts[p]["excess"]) for p in PART_SHORT if p in parts), key=lambda x: -x[1])
     best = max(att.get("classes") or [], key=lambda c: c["rise"], default=None)
     d = decimals(top, mb, *(v for _, v in inner), *([best["rise"]] if best else []))
-    text = (f"{_block_title(block)} holds the most: {_num(top, d)} of the {_num(mb, d)} {loss_unit(rec)} midpoint "
-            "barrier when interpolated alone")
+    left = "" if rec["method"] == "naive" else " of what is left"
+    text = (f"{_block_title(block)} holds the most{left}: {_num(top, d)} of the {_num(mb, d)} {loss_unit(rec)} "
+            "midpoint barrier when interpolated alone")
     if inner:
         text += " (" + ", ".join(f"its {PART_SHORT[p]} {_num(v, d)}" for p, v in inner) + ")"
     if best is not None and best["rise"] > 0:
@@ -559,6 +560,28 @@ def attribution_sentence(rec: dict) -> str:
     elif best is not None:
         text += "; taking out any one class would not raise it"
     return text + "."
+
+
+def matching_sentence(rec: dict, method_name: str = "") -> str | None:
+    """For a record without an attribution: the layer whose weights stay furthest apart after alignment (the
+    matching cost, 0 identical, 1 unrelated), against the others; None without per-layer costs."""
+    cost = rec["alignment"].get("matching_cost") or {}
+    before, after = cost.get("before") or {}, cost.get("after") or {}
+    layers = {p: v for p, v in after.items() if p.startswith("blocks.") and v is not None}
+    if not layers:
+        return None
+    worst = max(layers, key=layers.get)
+    others = [v for p, v in layers.items() if p != worst]
+    rest = f"; the other layers {min(others):.3f} to {max(others):.3f}" if len(others) > 1 else \
+        f"; the other layer {others[0]:.3f}" if others else ""
+    title = layer_label(worst).capitalize()
+    if rec["method"] == "naive":
+        return (f"{title} is the least alike: its weights lie {layers[worst]:.3f} apart (normalised squared distance, "
+                f"0 identical, 1 unrelated){rest}; naive interpolation moves nothing.")
+    was = f", from {before[worst]:.3f} before" if before.get(worst) is not None else ""
+    return (f"{title} is aligned worst: its weights stay {layers[worst]:.3f} apart after "
+            f"{(method_name or rec['method']).lower()} (normalised squared distance, 0 identical, 1 unrelated){was}"
+            f"{rest}.")
 
 
 def attribution_caption(rec: dict) -> str:

@@ -263,20 +263,44 @@ def test_class_ablation_tab_draws_each_class_alone_and_all(env, monkeypatch, tmp
 # Where the barrier lives: the tiny zoo's cached records (run_pair writes their `attribution`)
 
 
+def main_pane(at: AppTest) -> list:
+    """The main pane's elements top to bottom, columns read left to right (blocks themselves left out)."""
+    out = []
+
+    def walk(node):
+        if not getattr(node, "children", None) or node.type in ("tab_container", "expander"):
+            out.append(node)
+        for c in getattr(node, "children", {}).values():
+            walk(c)
+
+    walk(at.main)
+    return out
+
+
+def first_chart_comes_first(at: AppTest, chart_key: str) -> str:
+    """Assert that under the page's head (title, caption, pair, description) come a sentence, then the chart
+    `chart_key`, before any number, table, tab or expander; return the sentence."""
+    kinds = [(n.type, getattr(n, "value", None) if n.type == "markdown" else None) for n in main_pane(at)]
+    assert [k for k, _ in kinds[:6]] == ["title", "caption", "subheader", "caption", "markdown", "plotly_chart"], kinds
+    assert chart_key in at.get("plotly_chart")[0].proto.id  # the figure asked for comes first
+    later = [k for k, _ in kinds[6:]]
+    for kind in ("metric", "tab_container", "expander"):
+        assert kind in later  # all there, all after the chart
+    return kinds[4][1]
+
+
 def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tiny_env, downloads):
     _, root = tiny_env
     rec = cached_record(*tiny_zoo.CACHED_PAIRS[0], "weight", root)
     att = rec["attribution"]
     at = page("weight", pair=None)
-    md = [m.value for m in at.markdown]
-    head = md.index("#### Where the barrier lives")
-    assert head < next(i for i, m in enumerate(md) if m.startswith("**Default classes"))  # above the class table
+    sentence = first_chart_comes_first(at, "attribution_blocks")  # above the fold: the numbers come after it
     # the sentence names the block whose whole excess is largest, with the record's midpoint barrier
     wholes = [b for b in att["blocks"] if b["part"] == "all"]
     top = max(wholes, key=lambda b: b["excess"])
-    sentence = md[head + 1]
     assert sentence == alignment_figs.attribution_sentence(rec)
     assert sentence.startswith(top["block"].capitalize() if top["layer"] is not None else f"The {top['block']}")
+    assert " holds the most of what is left: " in sentence
     d = alignment_figs.decimals(top["excess"], att["midpoint_barrier"])
     assert f"{att['midpoint_barrier']:.{d}f} nats/byte midpoint barrier" in sentence
     # the bars are the record's excesses, block by block in path order, and the line its midpoint barrier
@@ -325,4 +349,15 @@ def test_a_record_from_before_the_attribution_says_how_to_get_it(tiny_env):
     for key in ("attribution_blocks", "attribution_classes"):
         with pytest.raises(KeyError):
             at.get_by_key(key)
+    # the worst-aligned layer still comes first, told from the matching cost, its chart under it
+    cost = old["alignment"]["matching_cost"]
+    layers = {p: v for p, v in cost["after"].items() if p.startswith("blocks.")}
+    worst = max(layers, key=layers.get)
+    md = [m.value for m in at.markdown]
+    sentence = next(m for m in md if " is aligned worst: " in m)
+    assert sentence == alignment_figs.matching_sentence(old, methods()["weight"])
+    assert sentence.startswith(f"Layer {worst.split('.')[1]} is aligned worst: its weights stay {layers[worst]:.3f}")
+    after = chart(at, "cost_chart")["data"][1]
+    assert list(after["y"])[:len(layers)] == list(layers.values())
+    assert at.get("plotly_chart")[0].proto.id.endswith("cost_chart")  # first, and once: not again in the tab
     assert chart(at, "heads_overview")  # the rest of the page as before

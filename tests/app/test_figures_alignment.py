@@ -351,8 +351,8 @@ def test_class_rise_bars_in_reading_order_with_readable_names():
 
 def test_the_sentence_names_the_block_holding_most_and_the_class_buying_most():
     assert alignment_figs.attribution_sentence(attributed()) == (
-        "Layer 0 holds the most: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone (its MLP 0.66, "
-        "its attention 0.50); without the MLP neuron permutations the barrier would rise by 1.16.")
+        "Layer 0 holds the most of what is left: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone "
+        "(its MLP 0.66, its attention 0.50); without the MLP neuron permutations the barrier would rise by 1.16.")
     # small numbers keep two significant digits; an outer block has no parts; no class raising it is said so
     rec = attributed()
     att = rec["attribution"]
@@ -364,8 +364,8 @@ def test_the_sentence_names_the_block_holding_most_and_the_class_buying_most():
         b["excess"] /= 1000
     vit = rec | {"eval_images": 360, "eval_set": "digits/test, 360 images"}
     assert alignment_figs.attribution_sentence(vit) == (
-        "The embedding holds the most: 0.0078 of the 0.0061 nats/image midpoint barrier when interpolated alone; "
-        "taking out any one class would not raise it.")
+        "The embedding holds the most of what is left: 0.0078 of the 0.0061 nats/image midpoint barrier when "
+        "interpolated alone; taking out any one class would not raise it.")
 
 
 def test_naive_records_show_blocks_but_no_class_figure():
@@ -378,6 +378,22 @@ def test_naive_records_show_blocks_but_no_class_figure():
         "its attention 0.50).")
     assert list(alignment_figs.attribution_figure(rec).data[0].y) == pytest.approx([0.08, 0.88, 0.30, 0.02])
     assert alignment_figs.attribution_figure(rec).data[0].marker.color == style.METHOD_COLOURS["naive"]
+
+
+def test_without_an_attribution_the_layer_furthest_apart_after_alignment_is_named():
+    rec = attributed()
+    rec["alignment"]["matching_cost"] = {"before": {"outer": 0.8, "blocks.0": 0.62, "blocks.1": 0.73, "blocks.2": 0.64},
+                                         "after": {"outer": 0.02, "blocks.0": 0.39, "blocks.1": 0.44, "blocks.2": 0.41}}
+    assert alignment_figs.matching_sentence(rec, "Weight matching") == (
+        "Layer 1 is aligned worst: its weights stay 0.440 apart after weight matching (normalised squared distance, "
+        "0 identical, 1 unrelated), from 0.730 before; the other layers 0.390 to 0.410.")
+    naive = attributed("naive", classes=False)
+    naive["alignment"]["matching_cost"] = {"before": {"blocks.0": 0.6, "blocks.1": 0.7},
+                                           "after": {"blocks.0": 0.6, "blocks.1": 0.7}}
+    assert alignment_figs.matching_sentence(naive) == (
+        "Layer 1 is the least alike: its weights lie 0.700 apart (normalised squared distance, 0 identical, "
+        "1 unrelated); the other layer 0.600; naive interpolation moves nothing.")
+    assert alignment_figs.matching_sentence(attributed()) is None  # no per-layer cost to tell from
 
 
 def test_the_caption_gives_the_blocks_interaction():
