@@ -210,20 +210,27 @@ def phases_of(method: str) -> tuple[str, ...]:
     return tuple(p for p in PHASES if not (p == "measure B" and method == "naive"))
 
 
+def about(s: float) -> str:
+    """A time to come, as fmt_seconds says it, but never '0 s': a part of a second is 'under 1 s'."""
+    return "under 1 s" if s < 0.5 else api.fmt_seconds(s)
+
+
 def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
-    """(phase, fraction done, line of text) for every phase of the run, begun or not."""
+    """(phase, fraction done, line of text) for every phase of the run, begun or not; a phase to come
+    says its estimate at the run's pace so far (api.pace)."""
     rows = []
     now = snap.current.phase if snap.current else None
+    k = api.pace(snap.phases, snap.estimates)
     for p in phases_of(snap.cfg.method):
         label, u, est = PHASE_LABELS[p], snap.phases.get(p), snap.estimates.get(p)
         if u is None:
-            rows.append((p, 0.0, f"{label}: about {api.fmt_seconds(est)}" if est is not None else f"{label}: to come"))
+            rows.append((p, 0.0, f"{label}: about {about(est * k)}" if est is not None else f"{label}: to come"))
         elif p != now or snap.state == "done":
             rows.append((p, 1.0, f"{label}: done in {api.fmt_seconds(u.elapsed_s)}"))
         elif snap.finished:
             rows.append((p, u.fraction, f"{label}: {snap.state} at {u.message or 'its start'}"))
         else:
-            left = f" · about {api.fmt_seconds(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
+            left = f" · about {about(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
                 if u.eta_s is not None else ""
             rows.append((p, u.fraction, f"{label}: {u.message or 'starting'}{left}"))
     return rows
@@ -233,21 +240,33 @@ def headline(snap: Snapshot) -> str:
     """The run's one-line state: 'Running … about 40 s left', 'Done in 12 s', 'Stopped after 3 s'."""
     took = api.fmt_seconds(snap.elapsed_s)
     if snap.state == "running":
-        rest = api.remaining_seconds(snap.current, snap.estimates)
-        return f"Running for {took}" + (f", about {api.fmt_seconds(rest)} left" if rest is not None else "")
+        rest = api.remaining_seconds(snap.current, snap.estimates, snap.phases)
+        return f"Running for {took}" + (f", about {about(rest)} left" if rest is not None else "")
     return {"stopping": "Stopping…", "done": f"Done in {took}", "stopped": f"Stopped after {took}",
             "failed": "Run failed"}[snap.state]
 
 
-def before_run(estimates: dict[str, float | None], method: str) -> str | None:
-    """'About 1 min 5 s: …' for a run not started yet, or None when an earlier run cannot tell."""
+SOURCES = {"records": "at the pace of earlier runs of this architecture",
+           "arithmetic": "from the run's arithmetic at this machine's measured speed"}
+
+
+def before_run(estimates: dict[str, float | None], method: str, sources: dict[str, str] | None = None) -> str | None:
+    """'About 1 min 5 s (…), at the pace of earlier runs of this architecture.' for a run not started
+    yet, saying where the numbers come from (`sources`: phase -> "records" | "arithmetic", as
+    api.estimate_run gives; none: records), or None when a phase is unknown."""
     parts = {p: estimates.get(p) for p in phases_of(method)}
     if any(v is None for v in parts.values()):
         return None
     total = sum(parts.values())
-    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {api.fmt_seconds(v)}"
+    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {about(v)}"
                        for p, v in parts.items() if v > 0)  # naive aligns nothing: no "0 s" for it
-    return f"About {api.fmt_seconds(total)} ({detail}), at the pace of earlier runs of this architecture."
+    kinds = {p: (sources or {}).get(p, "records") for p in parts if parts[p] > 0}
+    if len(set(kinds.values())) <= 1:
+        basis = SOURCES[next(iter(kinds.values()), "records")]
+    else:  # say which phase came from where
+        basis = "; ".join(f"{', '.join(PHASE_LABELS[p][0].lower() + PHASE_LABELS[p][1:] for p in kinds if kinds[p] == k)} "
+                          f"{SOURCES[k]}" for k in SOURCES if k in kinds.values())
+    return f"About {about(total)} ({detail}), {basis}."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,16 +284,19 @@ def eval_size(task: str, n_ctx: int, eval_items: int | None) -> int:
     return api.eval_size(task, n_ctx, eval_items)
 
 
-def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> dict[str, float | None]:
-    """About how long each phase of `cfg` takes, from earlier records `refs` (best first): None where
-    no record of the same architecture (and method) can tell, or the models cannot be read."""
+def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> tuple[dict[str, float | None], dict[str, str]]:
+    """About how long each phase of `cfg` takes and where each number comes from (api.estimate_run):
+    earlier records `refs` (best first) of the same architecture, scaled to the machine's speed now
+    (api.reference_gflops, measured once per process and again by every run), else the run's own
+    arithmetic; every phase None when the models cannot be read."""
     try:
         path = api.resolve(cfg.model_a)
         arch = _arch(str(path), (path / "config.json").stat().st_mtime_ns)
         size = eval_size(arch.task, arch.n_ctx, cfg.eval_items)
+        rate = api.reference_gflops(api.resolve_device(cfg.device))
     except (LMCError, OSError):
-        return dict.fromkeys(PHASES)
+        return dict.fromkeys(PHASES), {}
     steps = cfg.steps or api.method_steps(cfg.method, arch.task)
-    return api.estimate_seconds(cfg.method, arch.to_dict(), size, cfg.points, steps, refs,
-                                train_size=api.train_items(arch.task, size),
-                                attribution_size=api.attribution_items(arch.task, size))
+    return api.estimate_run(cfg.method, arch.to_dict(), size, cfg.points, steps, refs, rate,
+                            train_size=api.train_items(arch.task, size),
+                            attribution_size=api.attribution_items(arch.task, size))

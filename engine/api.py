@@ -52,7 +52,16 @@ from engine.history import compare as compare_runs  # noqa: F401
 from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401
 from engine.memory import return_freed_memory  # noqa: F401
-from engine.progress import PHASES, Update, estimate_seconds, fmt_seconds, remaining_seconds  # noqa: F401
+from engine.progress import (  # noqa: F401
+    PHASES,
+    Update,
+    estimate_run,
+    estimate_seconds,
+    fmt_seconds,
+    pace,
+    reference_gflops,
+    remaining_seconds,
+)
 from engine.zoo import manifest as zoo_manifest  # noqa: F401
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -261,6 +270,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     from engine.memory import trim_freed_memory
     from engine.resources import check_run  # memory from the configs: refuse before loading
     check_run(cfg, offload=offload)
+    gflops = reference_gflops(device, refresh=True)  # the machine's speed as the run starts: its provenance
     phases = Phases(progress)
     t0 = time.perf_counter()
     home = "cpu" if offload else device  # where the endpoints live
@@ -319,8 +329,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
                                               progress=relabel(tick, "aligned coordinates, ", cfg.points,
                                                                n_paths * cfg.points))
         timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
-    return make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check,
-                       **extra)
+    rec = make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check, **extra)
+    rec["provenance"]["reference_gflops"] = round(gflops, 2)
+    return rec
 
 
 PLANE_EVAL_ITEMS = 8_192  # the loss plane evaluates GRID^2 points: 8,192 tokens (or every test image) each

@@ -73,11 +73,21 @@ def points_picker() -> int:
              "them. The barrier is read on these points: fewer can miss the peak.")
 
 
+@st.cache_data(show_spinner=False, max_entries=2)
+def kept_runs(home: str, stamp: int) -> list[dict]:
+    """The finished runs of the run history (newest first), read again only when `stamp` changes."""
+    try:
+        return [r for r in api.scan_runs(home)[0] if r["run"]["status"] == "done"]
+    except api.LMCError:
+        return []
+
+
 def references(live_runs: dict, cached: list[dict]) -> list[dict]:
     """Records to estimate a run's time from, best first: this session's live runs (this machine,
-    newest first), then the pair's cached records."""
+    newest first), the run history's (kept across restarts), then the pair's cached records."""
     mine = [r for runs in live_runs.values() for r in runs.values()]
-    return sorted(mine, key=lambda r: r.get("created", ""), reverse=True) + list(cached)
+    kept = kept_runs(str(api.runs_dir()), api.runs_stamp())
+    return sorted(mine, key=lambda r: r.get("created", ""), reverse=True) + kept + list(cached)
 
 
 def collect(run: live_run.LiveRun | None, live_runs: dict) -> None:
@@ -304,7 +314,7 @@ with right, st.container(border=True):
         except api.LMCError as e:
             messages.error(e)
     ready = cfg is not None
-    estimates = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else {}
+    estimates, sources = live_run.estimates_for(cfg, references(live_runs, cached)) if ready else ({}, {})
     clicked = st.button("Run", key="run", type="primary", disabled=not ready, width="stretch",
                         help=f"Interpolate with {names.get(sel.method, sel.method)} on the chosen subset; "
                              "a run still going is stopped first, once you confirm.")
@@ -322,9 +332,8 @@ with right, st.container(border=True):
             st.session_state.pop(CONFIRM)
             st.rerun()
     if ready and (run is None or not run.running):
-        st.caption(live_run.before_run(estimates, sel.method) or
-                   "No earlier run of this architecture and method to estimate the time from: the bars tell "
-                   "once it starts.")
+        st.caption(live_run.before_run(estimates, sel.method, sources) or
+                   "The models cannot be read to estimate the time from: the bars tell once it starts.")
     going = run is not None and run.running
     with top if going else st.container():
         st.fragment(live_panel, run_every=live_run.POLL_S if going else None)()

@@ -138,14 +138,18 @@ def test_phase_rows_and_headline_read_the_snapshot():
               "measure B": Update("measure B", 1, 1, "batch 1/1", 2.2, 0.0),
               "align": Update("align", 2, 4, "sweep 3: layer 2/4", 1.5, 1.5)}
     snap = live_run.Snapshot(cfg, "running", phases, phases["align"], est, 4.1)
+    # measuring B took 2.2 s of an estimated 2: the phases to come at 1.1 times their estimates
     assert live_run.phase_rows(snap) == [
         ("load", 1.0, "Loading the models: done in 0 s"),
         ("measure B", 1.0, "Measuring B before it moves: done in 2 s"),
         ("align", 0.5, "Aligning B onto A: sweep 3: layer 2/4 · about 2 s left in this sweep"),
-        ("interpolate", 0.0, "Walking the path: about 12 s"),
+        ("interpolate", 0.0, "Walking the path: about 13 s"),
         ("attribution", 0.0, "Finding where the barrier lives: about 3 s"),
     ]
-    assert live_run.headline(snap) == "Running for 4 s, about 44 s left"  # align 30 s, 1.5 s in; path 12 s; 3 s
+    assert live_run.headline(snap) == "Running for 4 s, about 48 s left"  # 1.1 x (30 + 12 + 3) s less 1.5 s in align
+    ending = live_run.Snapshot(cfg, "running", phases, Update("align", 4, 4, "sweep 9: layer 4/4", 40.0, 0.2),
+                               {**est, "interpolate": 0.1, "attribution": 0.0}, 44.0)
+    assert live_run.headline(ending) == "Running for 44 s, about under 1 s left"  # never "about 0 s"
     stopped = live_run.Snapshot(cfg, "stopped", phases, phases["align"], est, 4.6, "The run was stopped …")
     assert live_run.phase_rows(stopped)[2] == ("align", 0.5, "Aligning B onto A: stopped at sweep 3: layer 2/4")
     assert live_run.headline(stopped) == "Stopped after 5 s"
@@ -154,6 +158,16 @@ def test_phase_rows_and_headline_read_the_snapshot():
                                                   "the barrier lives 3 s), at the pace of earlier runs of this "
                                                   "architecture.")
     assert live_run.before_run({**est, "align": None}, "weight") is None
+    mixed = {p: "records" for p in est} | {"align": "arithmetic"}
+    assert live_run.before_run(est, "weight", mixed) == (
+        "About 48 s (loading the models 1 s, measuring B before it moves 2 s, aligning B onto A 30 s, walking the "
+        "path 12 s, finding where the barrier lives 3 s), loading the models, measuring B before it moves, walking "
+        "the path, finding where the barrier lives at the pace of earlier runs of this architecture; aligning B onto "
+        "A from the run's arithmetic at this machine's measured speed.")
+    quick = {"load": 0.01, "align": 0.0, "interpolate": 0.2, "attribution": 0.1}
+    assert live_run.before_run(quick, "naive", dict.fromkeys(quick, "arithmetic")) == (
+        "About under 1 s (loading the models under 1 s, walking the path under 1 s, finding where the barrier lives "
+        "under 1 s), from the run's arithmetic at this machine's measured speed.")
     assert [r[0] for r in live_run.phase_rows(live_run.Snapshot(RunConfig("a", "b"), "running", {}, None, {}, 0))] \
         == ["load", "align", "interpolate", "attribution"]  # naive measures nothing before the path
 
@@ -205,7 +219,7 @@ def test_stop_button_ends_the_run_and_the_page_says_it_stopped(at):
     assert texts[0].startswith("Loading the models: done in")
     assert texts[1].startswith("Measuring B before it moves: done in")
     assert texts[2].startswith("Aligning B onto A: sweep ") and texts[2].endswith(" left in this sweep")
-    assert texts[3] == "Walking the path: to come"  # no earlier run of this pair to estimate it from
+    assert texts[3].startswith("Walking the path: about ")  # no earlier run of this pair: the run's arithmetic
     t0 = time.monotonic()
     at.button(key="stop").click().run()
     assert run.join(STOP_S), "the run went on after Stop"
@@ -257,9 +271,20 @@ def test_the_time_a_run_takes_is_said_before_it_starts(at):
     at.selectbox(key="method").select("weight").run()
     at.select_slider(key="eval_items_lm").set_value(1024).run()
     assert any(c.value.startswith("About ") and "aligning B onto A" in c.value for c in at.caption)
-    at.selectbox(key="method").select("dual").run()  # no cached dual record of this architecture
-    assert any(c.value.startswith("No earlier run of this architecture and method") for c in at.caption)
+    assert any(c.value.endswith("at the pace of earlier runs of this architecture.") for c in at.caption)
+    at.selectbox(key="method").select("dual").run()  # no cached dual record of this architecture: the arithmetic
+    assert any(c.value.startswith("About ") and c.value.endswith(
+        "; aligning B onto A from the run's arithmetic at this machine's measured speed.") for c in at.caption)
     assert key(CACHED_PAIRS[0]) == at.selectbox(key="pair").value
+
+
+def test_a_pair_without_any_earlier_run_is_estimated_from_its_arithmetic(at, monkeypatch, tmp_path):
+    monkeypatch.setenv("LMC_EXPLORER_HOME", str(tmp_path))  # an empty run history: no kept run of this architecture
+    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    at.selectbox(key="method").select("learned").run()
+    said = [c.value for c in at.caption if c.value.startswith("About ")]
+    assert len(said) == 1 and said[0].endswith("), from the run's arithmetic at this machine's measured speed.")
+    assert "aligning B onto A" in said[0] and "walking the path" in said[0]
 
 
 def test_every_engine_phase_has_a_label():
