@@ -155,9 +155,9 @@ def check_arch(arch: Arch) -> None:
     need(not arch.qk_norm or (arch.pe == "rope" and arch.rotary_dim == arch.d_head),
          "QK-norm is described with RoPE on the whole head only (as in Qwen3)")
     need(not arch.post_norm or (arch.task == "lm" and arch.norm == "layernorm" and arch.norm_bias
-                                and arch.pe == "learned" and arch.head_bias and not arch.parallel_residual),
-         "a post-norm encoder is described as BERT's masked LM only (LayerNorm with biases, learned positions, "
-         "a head bias, sequential blocks)")
+                                and arch.pe == "learned" and arch.tied_embeddings and not arch.parallel_residual),
+         "a post-norm encoder is described as BERT only (LayerNorm with biases, learned positions, a decoder tied "
+         "to the embedding or none, sequential blocks)")
 
 
 def arch_kinds(arch: Arch) -> tuple[str, ...]:
@@ -255,16 +255,24 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
 
 def _post_norm_outer(arch: Arch, params: Params, W: AxisAction, Rd: AxisAction, N: AxisAction) -> dict:
     """A post-norm encoder's parameters outside the blocks (docs/MATH.md section 9): token types write to the
-    stream, the embedding sum is normed, and the masked-LM head's dense layer reads the stream and writes in
-    its basis (the decoder is tied to embed.tok), so it moves on both axes, its norm like the stream's."""
+    stream, the embedding sum is normed, and the masked-LM head's dense layer (a model with a head bias)
+    reads the stream and writes in its basis (the decoder is tied to embed.tok), so it moves on both axes,
+    its norm like the stream's. A pooler present in `params` reads the [CLS] stream on its input axis; its
+    output and the next-sentence head on it see no stream basis and stay."""
     D = arch.d_model
     n_types = params["embed.segment"].shape[0] if "embed.segment" in params else None
-    return {
+    out = {
         "embed.segment": ((n_types, D), ((), (W,))),
         "embed.norm.g": ((D,), ((N,),)), "embed.norm.b": ((D,), ((N,),)),
-        "head.dense.W": ((D, D), ((Rd,), (W,))), "head.dense.b": ((D,), ((W,),)),
-        "head.norm.g": ((D,), ((N,),)), "head.norm.b": ((D,), ((N,),)),
     }
+    if arch.head_bias:
+        out |= {"head.dense.W": ((D, D), ((Rd,), (W,))), "head.dense.b": ((D,), ((W,),)),
+                "head.norm.g": ((D,), ((N,),)), "head.norm.b": ((D,), ((N,),))}
+    if "head.pool.W" in params:
+        out |= {"head.pool.W": ((D, D), ((Rd,), ())), "head.pool.b": ((D,), ((),))}
+    if "head.nsp.W" in params:
+        out |= {"head.nsp.W": ((D, 2), ((), ())), "head.nsp.b": ((2,), ((),))}
+    return out
 
 
 def norms_are_folded(arch: Arch, params: Params) -> bool:

@@ -28,9 +28,9 @@ CFG = {"vocab_size": V, "hidden_size": 32, "intermediate_size": 64, "num_hidden_
 KINDS = ("heads", "mlp", "qk", "vo", "residual_perm")
 
 
-def random_bert(seed: int = 0, **change) -> hf_bert.Model:
-    """A float64 BERT with every parameter random, LayerNorm gains around 1."""
-    m = hf_bert.build({**CFG, **change}, seed=seed, dtype=F64)
+def random_bert(seed: int = 0, layout: str = hf_bert.CLASS, **change) -> hf_bert.Model:
+    """A float64 BERT of `layout` with every parameter random, LayerNorm gains around 1."""
+    m = hf_bert.build({**CFG, **change}, seed=seed, dtype=F64, layout=layout)
     g = torch.Generator().manual_seed(seed + 100)
     with torch.no_grad():
         for name, p in m.module.named_parameters():
@@ -142,12 +142,25 @@ def test_unsupported_configs_are_refused_in_one_sentence(change, option):
         hf_bert.build({**CFG, **change})
 
 
-def test_encoder_only_and_pretraining_directories_are_refused_by_name(tmp_path):
-    from transformers import BertConfig, BertModel
+def test_other_bert_heads_are_refused_by_name_and_the_three_layouts_load(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
 
-    BertModel(BertConfig(**CFG)).save_pretrained(tmp_path / "enc")
-    with pytest.raises(ModelError, match="BertModel.*BertForMaskedLM checkpoints only"):
-        hf_bert.load(tmp_path / "enc")
+    from engine.models import load_model
+
+    BertForSequenceClassification(BertConfig(**CFG)).save_pretrained(tmp_path / "cls")
+    with pytest.raises(ModelError, match="BertForSequenceClassification; of BERT the engine reads BertForMaskedLM, "
+                                         "BertForPreTraining, BertModel checkpoints only"):
+        hf_bert.load(tmp_path / "cls")
+    for layout in hf_bert.LAYOUTS:
+        m = random_bert(layout=layout)
+        hf_bert.save(m, tmp_path / layout)
+        back = load_model(tmp_path / layout, dtype=F64)
+        assert type(back.module).__name__ == layout and back.arch == m.arch
+        x = tokens()
+        with torch.no_grad():
+            assert torch.equal(model_logits(back, x), model_logits(m, x))
+    assert hf_bert.is_encoder(load_model(tmp_path / "BertModel").arch)
+    assert not hf_bert.is_encoder(load_model(tmp_path / "BertForPreTraining").arch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,3 +303,74 @@ def test_learned_matching_s_mean_loss_weighs_micro_batches_by_their_scored_targe
     with torch.no_grad():
         want = float(F.cross_entropy(model_logits(m, x).flatten(0, 1), y.flatten()))
     assert abs(mean_loss(tw.module, x, y, per_pass=1) - want) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# The pre-training layout: the pooler and the next-sentence head (docs/MATH.md section 9)
+
+
+def nsp_change(m, other, x) -> float:
+    with torch.no_grad():
+        y, y2 = hf_bert.nsp_logits(m, x), hf_bert.nsp_logits(other, x)
+    return float((y2 - y).abs().max() / y.abs().max())
+
+
+def test_pretraining_layout_carries_the_pooler_and_the_next_sentence_head():
+    m = random_bert(layout=hf_bert.PRETRAINING)
+    p = canonical(m)
+    assert {k for k in p if k.startswith("head.")} == {
+        "head.dense.W", "head.dense.b", "head.norm.g", "head.norm.b", "head.b",
+        "head.pool.W", "head.pool.b", "head.nsp.W", "head.nsp.b"}
+    spec = build_spec(m.arch, p)
+    assert spec.kinds == KINDS and spec.params["head.pool.W"].axes[1] == ()
+    assert [x.role for x in spec.params["head.pool.W"].axes[0]] == ["right_inv_t"]  # reads the [CLS] stream
+    assert spec.params["head.nsp.W"].invariant and spec.params["head.pool.b"].invariant
+    x = tokens()
+    with torch.no_grad():  # the twin computes the masked-LM logits and carries the pooler and NSP head
+        tw = hf_bert.twin(m)
+        assert float((tw.module(x) - model_logits(m, x)).abs().max() / model_logits(m, x).abs().max()) < 1e-12
+        assert set(tw.module.state_dict()) == set(p)
+    set_canonical(m, p)  # a round trip through the canonical params leaves both outputs bit-identical
+    with torch.no_grad():
+        assert torch.equal(hf_bert.nsp_logits(m, x), hf_bert.nsp_logits(random_bert(layout=hf_bert.PRETRAINING), x))
+    with pytest.raises(ModelError, match="no next-sentence head"):
+        hf_bert.nsp_logits(random_bert(), x)
+
+
+@pytest.mark.parametrize("kinds", [(k,) for k in KINDS] + [KINDS], ids=lambda k: "+".join(k))
+def test_every_kind_keeps_the_mlm_and_the_next_sentence_logits(kinds):
+    m, x = random_bert(layout=hf_bert.PRETRAINING), tokens()
+    other = moved(m, sample(m.arch, kinds, seed=3))
+    assert rel_change(m, other, x) < 1e-10
+    assert nsp_change(m, other, x) < 1e-10
+    pa, pb = canonical(m), canonical(other)
+    assert max(float((pa[k] - pb[k]).abs().max()) for k in pa) > 1e-2
+    if "residual_perm" in kinds:  # the pooler's input axis took the permutation, its output axis did not
+        P = sample(m.arch, kinds, seed=3).residual
+        assert torch.equal(pb["head.pool.W"], P.T @ pa["head.pool.W"])
+        assert torch.equal(pb["head.nsp.W"], pa["head.nsp.W"]) and torch.equal(pb["head.pool.b"], pa["head.pool.b"])
+
+
+def test_a_pooler_left_out_of_the_residual_permutation_or_permuted_on_its_output_breaks_the_nsp_logits():
+    m, x = random_bert(layout=hf_bert.PRETRAINING), tokens()
+    g = sample(m.arch, ("residual_perm",), seed=3)
+    P = g.residual
+    pa = canonical(m)
+    right = apply(m.arch, g, pa)
+    for wrong_pool in (pa["head.pool.W"], P.T @ pa["head.pool.W"] @ P):  # not moved; moved on both axes
+        p = dict(right, **{"head.pool.W": wrong_pool})
+        other = copy.deepcopy(m)
+        set_canonical(other, p)
+        assert rel_change(m, other, x) < 1e-10  # the masked-LM logits never read the pooler
+        assert nsp_change(m, other, x) > 1e-3
+
+
+def test_weight_matching_recovers_a_planted_element_of_the_pretraining_layout():
+    a = random_bert(layout=hf_bert.PRETRAINING)
+    g_star = sample(a.arch, KINDS, seed=5)
+    b = moved(a, g_star)
+    al = align(a, b, "weight")
+    assert torch.equal(al.out.g.residual, invert(a.arch, g_star).residual)
+    assert max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params) < 1e-8
+    x = tokens()
+    assert nsp_change(a, al.model_b, x) < 1e-10
