@@ -13,14 +13,18 @@ grid point, so the worker ends, and the CPU falls idle, within one unit of work.
 as ended once streamlit has held it disconnected for SESSION_GRACE_S (a tab closed; a brief network
 drop reconnects to the same session and keeps its run).
 
-A run that ends with a record is kept in the user's run history (engine.api.save_run, the Runs page),
-by the worker itself, so it is kept even when nobody watches the page any more.
+Every run is kept in the user's run history (the Runs page) by the worker itself, so it is kept
+even when nobody watches the page any more: a finished one as its record (engine.api.save_run), a
+stopped or failed one with what it reached (engine.api.save_unfinished: its config, the phase it was
+in, the sentence it ended with, its phase times and the points of the path it had measured), each
+with its wall time.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
@@ -43,9 +47,39 @@ def _run_pair(cfg: RunConfig, progress, cancel: CancelToken) -> dict:
     return api.run_pair(cfg, progress, cancel=cancel)  # looked up per call: tests may stand in for it
 
 
-def keep_in_history(record: dict) -> None:
-    """Keep a finished run's record in the user's run history (engine.api.save_run), across sessions."""
-    api.save_run(record)
+POINT = re.compile(r"lambda = [^:]+: loss (\S+?)(?:,|$)")  # engine.interpolate's tick message for one point
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended, as the history keeps it."""
+
+    cfg: RunConfig
+    state: str  # "done" | "stopped" | "failed"
+    seconds: float  # wall time
+    record: dict | None = None  # a done run's
+    phase: str | None = None  # the phase a stopped or failed run was in
+    message: str = ""  # why it stopped or failed
+    timings: dict[str, float] = field(default_factory=dict)  # seconds of every phase begun
+    partial: dict | None = None  # {"lambdas", "loss"}: the points of the path measured before it ended
+
+
+def arch_dict(cfg: RunConfig) -> dict | None:
+    """Model A's architecture from its config, or None when it cannot be read."""
+    try:
+        return api.model_info(cfg.model_a).arch.to_dict()
+    except (LMCError, OSError):
+        return None
+
+
+def keep_in_history(out: Outcome) -> None:
+    """Keep a run in the user's run history, across sessions: its record (engine.api.save_run), or what a
+    stopped or failed run reached (engine.api.save_unfinished)."""
+    if out.record is not None:
+        api.save_run(out.record, seconds=out.seconds)
+    else:
+        api.save_unfinished(out.cfg.to_dict(), out.state, out.phase, out.message, out.timings, out.seconds,
+                            out.partial, arch_dict(out.cfg))
 
 
 @dataclass(frozen=True)
@@ -74,7 +108,7 @@ class LiveRun:
     estimates: dict[str, float | None] = field(default_factory=dict)
     run: Runner = _run_pair
     alive: Callable[[], bool] | None = None  # is the owning session still connected?
-    keep: Callable[[dict], None] | None = None  # where a finished run's record is kept (keep_in_history)
+    keep: Callable[[Outcome], None] | None = None  # where the run is kept when it ends (keep_in_history)
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
@@ -83,6 +117,7 @@ class LiveRun:
         self._lock = threading.Lock()
         self._phases: dict[str, Update] = {}
         self._current: Update | None = None
+        self._points: dict[int, float] = {}  # grid index -> test loss, from the path's ticks
         self._state, self._message, self._record = "running", "", None
         self._t0, self._t_end = self.clock(), None
         self._gone_since: float | None = None
@@ -119,9 +154,12 @@ class LiveRun:
     # the worker thread
 
     def _progress(self, u: Update) -> None:
+        m = POINT.match(u.message) if u.phase == "interpolate" else None
         with self._lock:
             self._phases[u.phase] = u
             self._current = u
+            if m and 0 < u.done <= self.cfg.points:  # naive's second path (its ticks go on) is not kept
+                self._points[u.done - 1] = float(m.group(1))
         if self.alive is not None:  # the owning session's tab may be gone: then nobody waits for this run
             now = self.clock()
             if self.alive():
@@ -131,16 +169,22 @@ class LiveRun:
             elif now - self._gone_since >= SESSION_GRACE_S:
                 self.token.cancel("stopped because its session ended")
 
+    def outcome(self, state: str, message: str, record: dict | None) -> Outcome:
+        """How the run ended, with what it reached (the phases it began and the path points it measured)."""
+        with self._lock:
+            seconds = self.clock() - self._t0
+            timings = {p: u.elapsed_s for p, u in self._phases.items()}
+            phase = self._current.phase if self._current else None
+            n = self.cfg.points - 1
+            points = sorted(self._points.items())
+        partial = {"lambdas": [i / n for i, _ in points], "loss": [v for _, v in points]} if points else None
+        return Outcome(self.cfg, state, seconds, record, phase, message, timings, partial)
+
     def _work(self) -> None:
         state, message, record = "failed", "", None
         try:
             record = self.run(self.cfg, self._progress, cancel=self.token)
             state = "done"
-            if self.keep is not None:  # only a run that produced a record is kept: a stopped one has none
-                try:
-                    self.keep(record)
-                except LMCError as e:
-                    message = f"The run finished but could not be kept in the run history: {e}"
         except Cancelled as e:
             state, message = "stopped", str(e)
         except LMCError as e:
@@ -149,6 +193,12 @@ class LiveRun:
             log.exception("live run failed")
             message = f"The run failed unexpectedly ({type(e).__name__}: {e})."
         finally:
+            if self.keep is not None:  # done, stopped or failed: the history keeps every run
+                try:
+                    self.keep(self.outcome(state, message, record))
+                except LMCError as e:
+                    message = f"{message} It could not be kept in the run history: {e}" if message else \
+                        f"The run finished but could not be kept in the run history: {e}"
             with self._lock:
                 self._state, self._message, self._record = state, message, record
                 self._t_end = self.clock()
@@ -178,9 +228,9 @@ def current(state: MutableMapping) -> LiveRun | None:
 
 
 def start(state: MutableMapping, cfg: RunConfig, estimates: dict[str, float | None] | None = None,
-          run: Runner = _run_pair, keep: Callable[[dict], None] | None = keep_in_history) -> LiveRun:
+          run: Runner = _run_pair, keep: Callable[[Outcome], None] | None = keep_in_history) -> LiveRun:
     """Start `cfg` as the session's run; a run still going is stopped first (one run per session).
-    Its record, once done, is kept by `keep` (the user's run history)."""
+    When it ends, done, stopped or failed, `keep` keeps it (the user's run history)."""
     stop(state, "stopped because a new run started")
     live = LiveRun(cfg, dict(estimates or {}), run, alive=session_alive(), keep=keep)
     state[KEY] = live.start()

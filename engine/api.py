@@ -48,8 +48,18 @@ from engine.attribution import items as attribution_items  # noqa: F401
 from engine.checks import EXACT_TOL  # noqa: F401
 from engine.errors import Cancelled  # noqa: F401
 from engine.evaluate import train_items  # noqa: F401
+from engine.history import (  # noqa: F401
+    MAX_NOTE,
+    delete_run,
+    run_file,
+    runs_dir,
+    save_run,
+    save_unfinished,
+    scan_runs,
+    set_note,
+)
 from engine.history import compare as compare_runs  # noqa: F401
-from engine.history import delete_run, run_file, runs_dir, save_run, scan_runs  # noqa: F401
+from engine.history import finished as run_finished  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401
 from engine.memory import return_freed_memory  # noqa: F401
 from engine.progress import (  # noqa: F401

@@ -516,8 +516,9 @@ def cmd_runs(args) -> None:
               f"{'items':>7}  pair")
         for r in map(history.summary, runs):
             items = f"{r['eval_items']:,}" if isinstance(r["eval_items"], int) else "all"
+            barriers = "       -        -" if r["barrier"] is None else f"{r['barrier']:8.4f} {r['midpoint_barrier']:8.4f}"
             print(f"{r['id']:<23} {r['created'] or '-':<20} {r['status']:<7} {r['method']:<10} "
-                  f"{r['barrier']:8.4f} {r['midpoint_barrier']:8.4f} {items:>7}  {r['model_a']} / {r['model_b']}")
+                  f"{barriers} {items:>7}  {r['model_a']} / {r['model_b']}")
         print(f"{len(runs)} run(s) in {history.runs_dir()}")
     elif args.action == "show":
         if len(ids) != 1:
@@ -528,7 +529,11 @@ def cmd_runs(args) -> None:
             return
         run = entry["run"]
         print(f"run {run['id']}: {run['status']}, created {entry.get('created', '-')}, kept {run.get('saved', '-')}")
-        _print_path_table(entry)
+        if history.finished(entry):
+            _print_path_table(entry)
+        else:  # stopped or failed before its record: where it was and why it ended
+            print(f"{entry['method']}: {entry['model_a']} / {entry['model_b']}; {run['status']} during "
+                  f"{run.get('phase') or 'its start'}: {run.get('message') or '-'}")
     else:
         if not ids:
             raise LMCError("`runs delete` needs the ids of the runs to delete (`runs list` shows them).")

@@ -5,11 +5,14 @@ $LMC_EXPLORER_HOME/runs when that variable is set, else lmc-explorer/runs in the
 directory ($XDG_DATA_HOME, by default ~/.local/share, on Linux; ~/Library/Application Support on
 macOS; %LOCALAPPDATA% on Windows).
 
-One file per run, `run-<id>.json`, written atomically: a result record (engine.results: the same
-fields, the same validation) with one more object, "run": {"id", "status", "saved"}. The id is the
-UTC time of saving and a random suffix (20261201T032634Z-a3f29c); "saved" is that time to the
-microsecond, which orders the runs.
-Status is done, stopped or failed; only a run that produced a record can be kept.
+One file per run, `run-<id>.json`, written atomically, with a "run" object: {"id", "status",
+"saved", and optionally "seconds" (the run's wall time) and "note" (the user's words about it)}. The
+id is the UTC time of saving and a random suffix (20261201T032634Z-a3f29c); "saved" is that time to
+the microsecond, which orders the runs. Status is done, stopped or failed. A done run is a result
+record (engine.results: the same fields, the same validation) plus the run object. A stopped or
+failed run keeps what it reached: method, model_a, model_b, its config, the timings of the phases it
+finished, its architecture when known, the points of the path it had measured ("partial": lambdas and
+loss), and in its run object the phase it was in and the sentence it ended with ("phase", "message").
 
 The tool deletes only files it wrote: a regular file named after a run id whose "run" object holds
 the same id. Anything else in the directory (a corrupt, renamed or foreign file) is left alone and
@@ -27,9 +30,12 @@ import warnings
 from pathlib import Path
 
 from engine.errors import LMCError, OutputError
-from engine.results import CACHE, StoreWarning, cache_dir, load_record, record_problem, write_record
+from engine.models.io import read_json_object
+from engine.progress import PHASES
+from engine.results import CACHE, SCHEMA_VERSION, StoreWarning, cache_dir, record_problem, write_record
 
 STATUSES = ("done", "stopped", "failed")
+MAX_NOTE = 2000  # characters of a run's note
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 RUN_FILE = re.compile(rf"run-({RUN_ID.pattern})\.json")
 ID_EXAMPLE = "20261201T032634Z-a3f29c"
@@ -78,40 +84,102 @@ def run_file(run_id: str, root: Path | str | None = None) -> Path:
     return _root(root) / f"run-{run_id}.json"
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def unfinished_problem(entry: dict, name: str) -> str | None:
+    """Why a stopped or failed run's entry (no result record) is unusable, as a sentence, or None."""
+    for k in ("method", "model_a", "model_b"):
+        if not isinstance(entry.get(k), str):
+            return f"{name}: a stopped or failed run needs {k} as a string."
+    if not isinstance(entry.get("config"), dict):
+        return f"{name}: a stopped or failed run needs its config as an object."
+    t = entry.get("timings", {})
+    if not isinstance(t, dict) or not all(_number(v) for v in t.values()):
+        return f"{name}: timings must map phases to seconds."
+    if entry["run"].get("phase") not in (None, *PHASES):
+        return f"{name}: run.phase must be one of {', '.join(PHASES)} or null, not {entry['run']['phase']!r}."
+    if not isinstance(entry["run"].get("message", ""), str):
+        return f"{name}: run.message must be a sentence."
+    part = entry.get("partial")
+    if part is not None and not (isinstance(part, dict) and isinstance(part.get("lambdas"), list)
+                                 and isinstance(part.get("loss"), list) and len(part["lambdas"]) == len(part["loss"])
+                                 and all(_number(x) for x in part["lambdas"] + part["loss"])):
+        return f"{name}: partial must hold lambdas and loss, one number each per point measured."
+    return None
+
+
 def run_problem(entry, name: str) -> str | None:
     """Why `entry` is not a run of the history, as a sentence naming `name`, or None."""
-    problem = record_problem(entry, name)
-    if problem:
-        return problem
+    if not isinstance(entry, dict):
+        return record_problem(entry, name)
     run = entry.get("run")
     if not isinstance(run, dict):
-        return f"{name} is a result record but not a kept run (it has no \"run\" object)."
+        return record_problem(entry, name) or f"{name} is a result record but not a kept run (it has no \"run\" object)."
     if not isinstance(run.get("id"), str) or not RUN_ID.fullmatch(run["id"]):
         return f"{name}: run.id must be a run id like {ID_EXAMPLE}, not {run.get('id')!r}."
     if run.get("status") not in STATUSES:
         return f"{name}: run.status must be one of {', '.join(STATUSES)}, not {run.get('status')!r}."
-    return None
+    if run.get("seconds") is not None and not (_number(run["seconds"]) and run["seconds"] >= 0):
+        return f"{name}: run.seconds must be a number of seconds, not {run['seconds']!r}."
+    if not isinstance(run.get("note", ""), str):
+        return f"{name}: run.note must be text, not {type(run['note']).__name__}."
+    problem = record_problem(entry, name)
+    if problem and run["status"] != "done":  # a stopped or failed run keeps what it reached
+        return unfinished_problem(entry, name)
+    return problem
 
 
-def save_run(record: dict, status: str = "done", root: Path | str | None = None) -> dict:
-    """Keep `record` (a result record) as a new run of the history; returns what was written."""
+def _write_new(entry: dict, status: str, root: Path | str | None, seconds: float | None, **run_fields) -> dict:
+    """`entry` under a new run id with `status` (its run object: id, status, saved, seconds and
+    `run_fields`), written atomically into the history; returns it."""
     if status not in STATUSES:
         raise LMCError(f"Run status must be one of {', '.join(STATUSES)}, not {status!r}.")
-    problem = record_problem(record)
-    if problem:
-        raise LMCError(f"Cannot keep a broken record in the run history: {problem}")
     root = _root(root)
     now = time.time()
     run_id = new_run_id(now)
     while (root / f"run-{run_id}.json").exists():  # two saves in one second may draw the same suffix
         run_id = new_run_id(now)
     saved = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-    entry = {**record, "run": {"id": run_id, "status": status, "saved": saved}}
+    run = {"id": run_id, "status": status, "saved": saved} | ({} if seconds is None else {"seconds": round(seconds, 3)})
+    entry = {**entry, "run": run | run_fields}
+    problem = run_problem(entry, "The run")
+    if problem:
+        raise LMCError(f"Cannot keep a broken run in the run history: {problem}")
     try:
         write_record(entry, root / f"run-{run_id}.json")
     except OSError as e:
         raise OutputError(f"Could not keep the run in the run history {root} ({e.strerror or e}).") from None
     return entry
+
+
+def save_run(record: dict, status: str = "done", root: Path | str | None = None,
+             seconds: float | None = None) -> dict:
+    """Keep `record` (a result record) as a new run of the history, its wall time `seconds` if known;
+    returns what was written."""
+    problem = record_problem(record)
+    if problem:
+        raise LMCError(f"Cannot keep a broken record in the run history: {problem}")
+    return _write_new(record, status, root, seconds)
+
+
+def save_unfinished(config: dict, status: str, phase: str | None, message: str, timings: dict[str, float],
+                    seconds: float, partial: dict | None = None, arch: dict | None = None,
+                    root: Path | str | None = None) -> dict:
+    """Keep a run that stopped or failed before its record, with what it reached: its `config` (a
+    RunConfig's dict), the `phase` it was in (None before the first), the sentence it ended with, the
+    seconds of the phases it finished, its wall time, the path points it had measured (`partial`:
+    {"lambdas", "loss"}) and its architecture when known; returns what was written."""
+    if status not in ("stopped", "failed"):
+        raise LMCError(f"Only a stopped or failed run is kept without a record, not a {status!r} one.")
+    entry = {"schema": SCHEMA_VERSION, "method": config.get("method"), "model_a": config.get("model_a"),
+             "model_b": config.get("model_b"), "config": config, "timings": {k: round(v, 3) for k, v in timings.items()}}
+    if arch is not None:
+        entry["arch"] = arch
+    if partial and partial.get("lambdas"):
+        entry["partial"] = partial
+    return _write_new(entry, status, root, seconds, phase=phase, message=message)
 
 
 def _read(f: Path) -> tuple[dict | None, str | None]:
@@ -120,7 +188,7 @@ def _read(f: Path) -> tuple[dict | None, str | None]:
     if m is None:
         return None, f"{f} is not a run file of this tool (its name is not run-<id>.json)."
     try:
-        entry = load_record(f)
+        entry = read_json_object(f, f"Run file {f}", max_bytes=None, allow_nan=True)
     except LMCError as e:
         return None, str(e)
     problem = run_problem(entry, f"Run file {f}")
@@ -182,6 +250,22 @@ def own_file(run_id: str, root: Path | str | None = None) -> Path:
     return f
 
 
+def set_note(run_id: str, note: str, root: Path | str | None = None) -> dict:
+    """Write the user's `note` into a run the tool wrote (its run object's "note"; empty removes it),
+    atomically; returns the run as written."""
+    if not isinstance(note, str) or len(note) > MAX_NOTE:
+        raise LMCError(f"A run's note is text of at most {MAX_NOTE:,} characters.")
+    f = own_file(run_id, root)
+    entry = _read(f)[0]
+    run = {k: v for k, v in entry["run"].items() if k != "note"} | ({"note": note.strip()} if note.strip() else {})
+    entry = {**entry, "run": run}
+    try:
+        write_record(entry, f)
+    except OSError as e:
+        raise OutputError(f"Could not write the note into {f} ({e.strerror or e}).") from None
+    return entry
+
+
 def delete_run(run_id: str, root: Path | str | None = None) -> Path:
     """Delete one run the tool wrote; returns its file."""
     f = own_file(run_id, root)
@@ -203,15 +287,23 @@ def loss_unit(entry: dict) -> str:
     return "byte" if "(bytes)" in str(entry.get("eval_set", "")) else "token"
 
 
+def finished(entry: dict) -> bool:
+    """Whether a run holds a whole result record (a path, its barrier), not only what it reached."""
+    return "barrier" in entry
+
+
 def summary(entry: dict) -> dict:
-    """One row of the history's table."""
+    """One row of the history's table; a stopped or failed run without a record has no barrier (None),
+    and the items of its config."""
     arch, run = entry.get("arch") or {}, entry["run"]
+    items = entry.get("eval_images" if "eval_images" in entry else "eval_tokens") if finished(entry) else \
+        entry["config"].get("eval_items")
     return {
         "id": run["id"], "created": entry.get("created") or run.get("saved"), "status": run["status"],
         "model_a": entry["model_a"], "model_b": entry["model_b"], "method": entry["method"],
-        "task": arch.get("task"), "pe": arch.get("pe"), "barrier": entry["barrier"],
-        "midpoint_barrier": entry["midpoint_barrier"],
-        "eval_items": entry.get("eval_images" if "eval_images" in entry else "eval_tokens"),
+        "task": arch.get("task"), "pe": arch.get("pe"), "barrier": entry.get("barrier"),
+        "midpoint_barrier": entry.get("midpoint_barrier"), "eval_items": items, "seconds": run.get("seconds"),
+        "phase": run.get("phase"), "note": run.get("note", ""),
     }
 
 
@@ -220,6 +312,10 @@ def compare(entries: list[dict]) -> list[dict]:
     each barrier also against the first run's."""
     if not entries:
         raise LMCError("Pick at least one run to compare.")
+    for e in entries:
+        if not finished(e):
+            raise LMCError(f"Run {e['run']['id']} {e['run']['status']} before its path was measured, so it has no "
+                           "barrier curve to compare.")
     first = entries[0]
     for e in entries[1:]:
         if loss_unit(e) != loss_unit(first):

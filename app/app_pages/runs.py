@@ -1,10 +1,14 @@
 """Runs: the live runs kept in the user's run history, across sessions and server restarts.
 
-Every live run that finishes on the Connectivity page is kept by the engine (engine.api.save_run) in a
-directory of the user's own, never in the shipped cached_results/. This page lists them with
-filters, draws several on one chart to compare their barrier curves, reopens one (its curve, its
-numbers, its downloads, or on the Connectivity page beside the cached curves) and deletes one after
-a confirmation. Nothing here touches torch: the engine reads the store, app.figures draws.
+Every live run of the Connectivity page is kept by its worker in a directory of the user's own, never
+in the shipped cached_results/: a finished one as its record (engine.api.save_run), a stopped or
+failed one with what it reached (engine.api.save_unfinished). This page lists them with their status
+and duration and filters, draws several finished ones on one chart to compare their barrier curves,
+reopens one (its curve, its numbers, its downloads, or on the Connectivity page beside the cached
+curves; for a stopped or failed one the phase it reached, why it ended and the points it measured),
+keeps a note per run (written into its file, engine.api.set_note) and deletes one after a
+confirmation. A missing value reads "-", never "None". Nothing here touches torch: the engine reads
+the store, app.figures draws.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from pathlib import PurePath
 
 import streamlit as st
 
-from app import downloads, exports, sidebar, url_state
+from app import downloads, exports, live_run, sidebar, url_state
 from app.figures import path as path_figs
 from app.figures import runs as run_figs
 from app.figures import style
@@ -22,7 +26,8 @@ from engine import api
 from engine.api import LMCError
 
 CONNECTIVITY = "app_pages/connectivity.py"
-TASKS = {"lm": "LM", "vit": "ViT", None: "?"}
+TASKS = {"lm": "LM", "vit": "ViT"}
+NONE = "-"  # what a cell without a value reads
 FILTERS = (("pair", "Pair"), ("method", "Method"), ("pe", "Positional encoding"), ("status", "Status"))
 
 
@@ -40,18 +45,50 @@ def pair_name(a: str, b: str) -> str:
     return f"{PurePath(a).name or a} / {PurePath(b).name or b}"
 
 
+def when(entry: dict) -> str:
+    """'2026-12-01 03:26': when the run was made (its record's time, else the time it was kept)."""
+    return (entry.get("created") or entry["run"].get("saved") or "")[:16].replace("T", " ")
+
+
 def label(entry: dict, names: dict[str, str]) -> str:
-    """One run in a picker or legend: method, pair, when, and the id's suffix (runs stay apart)."""
-    when = (entry.get("created") or entry["run"].get("saved") or "")[5:16].replace("T", " ")
+    """One run in a picker or legend: method, pair, when, the status if it did not finish, and the id's
+    suffix (runs stay apart)."""
+    status = "" if entry["run"]["status"] == "done" else f" · {entry['run']['status']}"
     return (f"{names.get(entry['method'], entry['method'])} · {pair_name(entry['model_a'], entry['model_b'])} · "
-            f"{when} ({entry['run']['id'][-6:]})")
+            f"{when(entry)[5:]}{status} ({entry['run']['id'][-6:]})")
+
+
+def number(v, fmt: str = ".4f") -> str:
+    """A number as the table shows it, or NONE."""
+    return NONE if v is None else format(v, fmt)
+
+
+def duration(entry: dict) -> str:
+    """The run's wall time ('2 min 5 s'), or NONE for a run kept before durations were."""
+    s = entry["run"].get("seconds")
+    return NONE if s is None else api.fmt_seconds(s)
+
+
+def items(n: int | None, task: str | None) -> str:
+    """Scored items a run evaluated: '8,192', or the whole test split."""
+    return f"{n:,}" if isinstance(n, int) else {"vit": "all test images"}.get(task, "whole test split")
+
+
+def table_row(entry: dict, tag: dict[str, str]) -> dict:
+    """One run in the history's table: text in every cell, NONE where a run has no value."""
+    row = api.run_summary(entry)
+    return {"created": when(entry) or NONE, "pair": tag["pair"], "task": TASKS.get(row["task"], NONE),
+            "method": tag["method"], "positional encoding": tag["pe"], "status": row["status"],
+            "duration": duration(entry), "barrier": number(row["barrier"]),
+            "midpoint barrier": number(row["midpoint_barrier"]), "evaluated on": items(row["eval_items"], row["task"]),
+            "note": row["note"] or NONE, "id": row["id"]}
 
 
 def facets(entry: dict, names: dict[str, str]) -> dict[str, str]:
     """The values the filters pick from."""
     row = api.run_summary(entry)
     return {"pair": pair_name(row["model_a"], row["model_b"]), "method": names.get(row["method"], row["method"]),
-            "pe": sidebar.PE_LABELS.get(row["pe"], row["pe"] or "?"), "status": row["status"]}
+            "pe": sidebar.PE_LABELS.get(row["pe"], row["pe"] or NONE), "status": row["status"]}
 
 
 def keep_valid(key: str, valid) -> None:
@@ -66,6 +103,24 @@ def keep_valid(key: str, valid) -> None:
 
 def say(kind: str, text: str) -> None:
     st.session_state["runs_said"] = (kind, text)
+
+
+def save_note(run_id: str, key: str) -> None:
+    try:
+        api.set_note(run_id, st.session_state.get(key, ""))
+    except LMCError as e:
+        say("error", str(e))
+        return
+    say("success", "Note saved.")
+
+
+def note_editor(entry: dict) -> None:
+    """The user's note on the run, saved into its file on request."""
+    run_id = entry["run"]["id"]
+    key = f"runs_note_{run_id}"  # one per run: another run shows its own note
+    st.text_area("Note", value=entry["run"].get("note", ""), key=key, max_chars=api.MAX_NOTE, height=80,
+                 placeholder="What this run was for, what it showed…")
+    st.button("Save note", key="runs_note_save", on_click=save_note, args=(run_id, key), icon=":material/save:")
 
 
 def delete(run_id: str, name: str) -> None:
@@ -103,7 +158,8 @@ def show_numbers(entry: dict) -> None:
     train = (f" Train barrier {entry['train_barrier']:.4f} on {entry['train_eval_set']}."
              if path_figs.has_train(entry) else "")
     st.caption(f"Barriers in {unit}; {entry.get('eval_set', 'evaluation set not recorded')}, "
-               f"{len(entry['lambdas'])} points on λ.{train} Run {entry['run']['id']}, {entry['run']['status']}.")
+               f"{len(entry['lambdas'])} points on λ.{train} Run {entry['run']['id']}, {entry['run']['status']}, "
+               f"{'took ' + duration(entry) if entry['run'].get('seconds') is not None else 'duration not recorded'}.")
 
 
 def train_toggle(records: list[dict], key: str) -> bool:
@@ -146,8 +202,34 @@ def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads
                        key="runs_compare_csv", on_click="ignore", icon=":material/download:")
 
 
+def unfinished_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -> None:
+    """A stopped or failed run: where it got to, why it ended, its phase times and the points it measured."""
+    run = entry["run"]
+    phase = live_run.PHASE_LABELS.get(run.get("phase"), "before its first phase")
+    text = f"{run['status'].capitalize()} after {duration(entry)}, in: {phase.lower()}. {run.get('message', '')}"
+    (st.error if run["status"] == "failed" else st.warning)(text.strip())
+    times = entry.get("timings") or {}
+    if times:
+        st.dataframe([{"phase": live_run.PHASE_LABELS.get(p, p), "seconds": f"{s:.1f}"} for p, s in times.items()],
+                     hide_index=True, key="runs_open_timings")
+    if entry.get("partial"):
+        title = f"{names.get(entry['method'], entry['method'])}: the points measured before the run ended"
+        charts.show(run_figs.partial_figure(entry, title), key="runs_open_partial")
+    else:
+        st.caption("It ended before the path: no point of it was measured.")
+    with st.expander("Run config"):
+        st.code(json.dumps(entry.get("config", {}), indent=1), language="json")
+    st.download_button("Run (JSON)", json.dumps(entry, indent=1), f"run-{run['id']}.json", "application/json",
+                       key="runs_open_json", on_click="ignore", icon=":material/download:")
+
+
 def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -> None:
     name = label(entry, names)
+    if not api.run_finished(entry):
+        unfinished_section(entry, names, charts)
+        note_editor(entry)
+        delete_controls(entry["run"]["id"], name, st.container())
+        return
     show_numbers(entry)
     title = f"{names.get(entry['method'], entry['method'])}: {pair_name(entry['model_a'], entry['model_b'])}"
     show_train = st.session_state.get("runs_open_train", True)
@@ -160,13 +242,18 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
     with st.expander("Run config"):
         st.code(json.dumps(entry.get("config", {}), indent=1), language="json")
     downloads.record_downloads(entry, key="runs_open")
+    note_editor(entry)
     c1, c2 = st.columns(2)
     if c1.button("Open on Connectivity", key="runs_to_connectivity", on_click=to_connectivity, args=(entry,),
                  icon=":material/show_chart:", width="stretch",
                  help="The pair and method in the sidebar, this run's curve beside the cached ones."):
         st.switch_page(CONNECTIVITY)
-    run_id = entry["run"]["id"]
-    with c2:
+    delete_controls(entry["run"]["id"], name, c2)
+
+
+def delete_controls(run_id: str, name: str, where) -> None:
+    """Delete…, then a confirmation naming the file."""
+    with where:
         if st.session_state.get("runs_confirm") == run_id:
             st.warning(f"Delete run {name} for good? Its file {api.run_file(run_id)} is removed.")
             y, n = st.columns(2)
@@ -181,9 +268,10 @@ def open_section(entry: dict, names: dict[str, str], charts: downloads.Charts) -
 
 st.title("Runs")
 st.caption(
-    "Every live run that finishes on the Connectivity page is kept here, across sessions and restarts, in "
-    f"`{api.runs_dir()}` (one JSON record per run; set LMC_EXPLORER_HOME to keep them elsewhere). Pick "
-    "several to compare their barrier curves, or open one."
+    "Every live run of the Connectivity page is kept here, across sessions and restarts, in "
+    f"`{api.runs_dir()}` (one JSON file per run; set LMC_EXPLORER_HOME to keep them elsewhere): a finished one "
+    "with its record, a stopped or failed one with what it reached. Pick several finished runs to compare their "
+    "barrier curves, or open one."
 )
 said = st.session_state.pop("runs_said", None)
 if said:
@@ -196,7 +284,7 @@ except LMCError as e:
 for s in skipped:
     st.warning(f"Skipped a file of the run history: {s}")
 if not runs:
-    st.info("No runs kept yet: a live run finished on the Connectivity page appears here.")
+    st.info("No runs kept yet: a live run of the Connectivity page appears here once it ends.")
     st.stop()
 
 names = sidebar.methods()
@@ -211,21 +299,21 @@ for col, (f, title) in zip(st.columns(len(FILTERS)), FILTERS):
 shown = [i for i in by_id if all(not picked[f] or tags[i][f] in picked[f] for f, _ in FILTERS)]
 
 st.dataframe(
-    [{"created": by_id[i].get("created"), "pair": tags[i]["pair"], "task": TASKS.get(api.run_summary(by_id[i])["task"]),
-      "method": tags[i]["method"], "positional encoding": tags[i]["pe"], "barrier": by_id[i]["barrier"],
-      "midpoint barrier": by_id[i]["midpoint_barrier"], "evaluated on": api.run_summary(by_id[i])["eval_items"],
-      "status": tags[i]["status"], "id": i} for i in shown],
-    hide_index=True, key="runs_table",
-    column_config={"barrier": st.column_config.NumberColumn(format="%.4f"),
-                   "midpoint barrier": st.column_config.NumberColumn(format="%.4f"),
-                   "evaluated on": st.column_config.NumberColumn(format="localized", help="Tokens or images; "
-                                                                  "empty: the whole test split.")},
+    [table_row(by_id[i], tags[i]) for i in shown], hide_index=True, key="runs_table",
+    column_config={"status": st.column_config.TextColumn(help="done, or stopped / failed before its record: those "
+                                                              "keep the phase they reached and the points they "
+                                                              "measured."),
+                   "duration": st.column_config.TextColumn(help="Wall time from start to end; - for a run kept "
+                                                                "before durations were."),
+                   "barrier": st.column_config.TextColumn(help="- for a run that ended before its path."),
+                   "evaluated on": st.column_config.TextColumn(help="Scored tokens or images.")},
 )
 st.caption(f"{len(shown)} of {len(runs)} run(s).")
 
 st.subheader("Compare")
-keep_valid("runs_compare", shown)
-chosen = st.multiselect("Runs to draw on one chart", shown, key="runs_compare",
+comparable = [i for i in shown if api.run_finished(by_id[i])]  # a run that ended before its path has no curve
+keep_valid("runs_compare", comparable)
+chosen = st.multiselect("Finished runs to draw on one chart", comparable, key="runs_compare",
                         format_func=lambda i: label(by_id[i], names), placeholder="Pick runs to compare")
 if chosen:
     compare_section([by_id[i] for i in chosen], names, charts)

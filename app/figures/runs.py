@@ -1,4 +1,5 @@
-"""Run-history figures (Runs page): the barrier curves of several kept runs on one chart. Pure.
+"""Run-history figures (Runs page): the barrier curves of several kept runs on one chart, and the
+points a stopped or failed run had measured. Pure.
 
 Each run is drawn by path.barrier_figure (curve, dashed chord, barrier bar), under its own legend
 entry, so runs of one method stay apart; when the runs do not all differ in method, each gets a
@@ -11,8 +12,16 @@ from collections.abc import Sequence
 
 import plotly.graph_objects as go
 
-from app.figures.path import KEY_GROUP, barrier_figure, has_train, legend_key, loss_axis_title
-from app.figures.style import group_colour, loss_unit
+from app.figures.path import (
+    KEY_GROUP,
+    LAMBDA_AXIS,
+    LAMBDA_TICKS,
+    barrier_figure,
+    has_train,
+    legend_key,
+    loss_axis_title,
+)
+from app.figures.style import group_colour, loss_unit, method_colour
 
 
 def _recolour(trace, colour: str) -> None:
@@ -50,4 +59,19 @@ def comparison_figure(records: Sequence[dict], labels: Sequence[str], title: str
         train = show_train and any(has_train(r) for r in records)
         legend_key(fig, barrier=True, train=train)
         fig.layout.yaxis.title.text = loss_axis_title(loss_unit(records[0]), train)  # the first run's layout
+    return fig
+
+
+def partial_figure(entry: dict, title: str = "") -> go.Figure:
+    """The test loss at the points of the path a stopped or failed run measured before it ended
+    (its "partial" object), on the whole λ axis, so the part it did not reach shows as empty."""
+    part = entry["partial"]
+    unit = "nats/image" if (entry.get("arch") or {}).get("task") == "vit" else "nats/token"  # a byte-level LM's token is a byte
+    fig = go.Figure(go.Scatter(x=part["lambdas"], y=part["loss"], mode="lines+markers", name="measured before the end",
+                               line={"color": method_colour(entry["method"])},
+                               hovertemplate="λ = %{x:.3f}<br>loss %{y:.4f}<extra></extra>"))
+    fig.update_layout(title={"text": title} if title else None, height=360, showlegend=False,
+                      xaxis={"title": {"text": LAMBDA_AXIS}, "range": [-0.03, 1.03], "tickvals": LAMBDA_TICKS},
+                      yaxis={"title": {"text": loss_axis_title(unit, False)}},
+                      margin={"l": 10, "r": 10, "t": 50 if title else 20, "b": 10})
     return fig

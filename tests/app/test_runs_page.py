@@ -1,10 +1,11 @@
-"""The Runs page under AppTest: the run history (engine.history) listed, filtered, compared, reopened
-and deleted; a live run finished on Connectivity is kept there. Records are real engine runs on the
+"""The Runs page under AppTest: the run history (engine.history) listed, filtered, compared, reopened,
+noted and deleted; a live run of Connectivity is kept there, finished, stopped or failed. Records are real engine runs on the
 tiny stand-in zoo (tiny_zoo.py); each test has its own history (LMC_EXPLORER_HOME)."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 from app import live_run
 from app.sidebar import methods
 from engine import history
-from engine.errors import OutputError
+from engine.errors import DataError, OutputError
+from engine.progress import Update
 from engine.results import RunConfig, cached_record
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
@@ -71,8 +73,9 @@ def test_the_table_lists_every_run_newest_first_and_filters_narrow_it(kept):
     ids = [kept[k]["run"]["id"] for k in ("vit_naive", "lm_weight", "lm_naive")]
     assert table_ids(at) == ids
     table = at.dataframe[0].value
-    assert list(table["barrier"]) == [kept[k]["barrier"] for k in ("vit_naive", "lm_weight", "lm_naive")]
+    assert list(table["barrier"]) == [f"{kept[k]['barrier']:.4f}" for k in ("vit_naive", "lm_weight", "lm_naive")]
     assert list(table["status"]) == ["done"] * 3
+    assert list(table["duration"]) == ["-"] * 3  # saved without their wall time
     names = methods()
     at.multiselect(key="runs_filter_method").select(names["naive"]).run()
     assert table_ids(at) == [ids[0], ids[2]]
@@ -177,22 +180,124 @@ def test_a_live_run_finished_on_connectivity_is_kept(home):
 
 
 # ---------------------------------------------------------------------------------------------
-# The worker keeps what it finished, and only that
+# Stopped and failed runs, durations, notes
 
 
-def test_the_worker_keeps_a_done_run_and_never_a_stopped_one():
+def unfinished(status: str, partial: dict | None, message: str, phase: str | None = "interpolate") -> dict:
+    a, b = CACHED_PAIRS[0]
+    cfg = RunConfig(a, b, "weight", eval_items=1024, points=5).to_dict()
+    return history.save_unfinished(cfg, status, phase, message, {"load": 0.2, "measure B": 1.5, "align": 3.0},
+                                   12.4, partial)
+
+
+def test_stopped_and_failed_runs_are_listed_with_status_and_duration_and_no_none(kept, tiny_env):
+    timed = history.save_run({k: v for k, v in kept["lm_naive"].items() if k != "run"}, seconds=75.2)
+    stopped = unfinished("stopped", {"lambdas": [0.0, 0.25], "loss": [1.5, 1.75]},
+                         "The run was stopped on request during interpolation, point 3/5.")
+    failed = unfinished("failed", None, "The run failed unexpectedly (MemoryError: ).", phase=None)
+    at = runs_page()
+    table = at.dataframe[0].value
+    assert table_ids(at)[:3] == [failed["run"]["id"], stopped["run"]["id"], timed["run"]["id"]]
+    assert list(table["status"])[:3] == ["failed", "stopped", "done"]
+    assert list(table["duration"])[:3] == ["12 s", "12 s", "1 min 15 s"]
+    assert list(table["barrier"])[:3] == ["-", "-", f"{timed['barrier']:.4f}"]
+    assert list(table["evaluated on"])[:3] == ["1,024", "1,024", f"{timed['eval_tokens']:,}"]
+    cells = [v for col in table.columns for v in table[col]]
+    assert not table.isna().any().any() and "None" not in map(str, cells) and all(isinstance(v, str) for v in cells)
+    assert set(at.multiselect(key="runs_filter_status").options) == {"done", "stopped", "failed"}
+    assert stopped["run"]["id"] not in at.multiselect(key="runs_compare").options  # no curve to compare
+
+
+def test_opening_a_stopped_run_shows_where_it_ended_and_the_points_it_measured(home, tiny_env):
+    stopped = unfinished("stopped", {"lambdas": [0.0, 0.25], "loss": [1.5, 1.75]},
+                         "The run was stopped on request during interpolation, point 3/5.")
+    at = runs_page()
+    assert at.selectbox(key="runs_open").value == stopped["run"]["id"]
+    assert at.warning[0].value == ("Stopped after 12 s, in: walking the path. The run was stopped on request during "
+                                   "interpolation, point 3/5.")
+    fig = chart(at, "runs_open_partial")
+    assert (fig["data"][0]["x"], fig["data"][0]["y"]) == ([0.0, 0.25], [1.5, 1.75])
+    timings = at.dataframe[1].value
+    assert list(timings["phase"]) == ["Loading the models", "Measuring B before it moves", "Aligning B onto A"]
+    assert "runs_to_connectivity" not in [b.key for b in at.button]  # no record to draw there
+    at.button(key="runs_delete").click().run()
+    at.button(key="runs_delete_yes").click().run()
+    assert not history.run_file(stopped["run"]["id"]).exists()
+
+
+def test_a_note_is_saved_into_the_run_file(kept, home):
+    at = runs_page()
+    run_id = kept["vit_naive"]["run"]["id"]
+    at.text_area(key=f"runs_note_{run_id}").input("Seed pair for the talk").run()
+    at.button(key="runs_note_save").click().run()
+    assert not at.exception and at.success[0].value == "Note saved."
+    on_disk = json.loads(history.run_file(run_id).read_text())
+    assert on_disk["run"]["note"] == "Seed pair for the talk"
+    assert {k: v for k, v in on_disk.items() if k != "run"} == {k: v for k, v in kept["vit_naive"].items() if k != "run"}
+    assert list(at.dataframe[0].value["note"]) == ["Seed pair for the talk", "-", "-"]
+    again = runs_page()  # a new session reads it back
+    assert again.text_area(key=f"runs_note_{run_id}").value == "Seed pair for the talk"
+
+
+def test_a_live_run_stopped_on_connectivity_is_kept_as_stopped(home):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.selectbox(key="pair").select(f"{UNCACHED_PAIR[0]}__{UNCACHED_PAIR[1]}").run()
+    at.selectbox(key="method").select("weight").run()
+    at.button(key="run").click().run()
+    run = at.session_state["live_run"]
+    while "align" not in run.snapshot().phases and run.running:
+        time.sleep(0.01)
+    at.button(key="stop").click().run()
+    assert run.join(TIMEOUT)
+    (entry,) = history.list_runs()
+    assert (entry["run"]["status"], entry["run"]["phase"], entry["method"]) == ("stopped", "align", "weight")
+    assert entry["run"]["message"] == run.snapshot().message and entry["run"]["seconds"] > 0
+    assert set(entry["timings"]) == {"load", "measure B", "align"} and "partial" not in entry
+    assert entry["arch"]["task"] == "lm" and entry["config"]["model_a"] == UNCACHED_PAIR[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker keeps every run: its record, or what it reached
+
+
+def path_ticks(points: int, upto: int):
+    """A stand-in run_pair: the path's first `upto` points, as engine.interpolate reports them, then a stop."""
+
+    def run(cfg, progress, cancel):
+        progress(Update("load", 2, 2, "model B", 0.3, 0.0))
+        for i in range(upto):
+            lam = i / (points - 1)
+            progress(Update("interpolate", i + 1, points, f"lambda = {lam:.2f}: loss {1 + lam:.4f}, train 2.0000",
+                            1.0 + i, 1.0))
+        cancel.cancel("stopped on request")
+        cancel.check(f"interpolation, point {upto + 1}/{points}")
+
+    return run
+
+
+def test_the_worker_keeps_a_done_run_and_what_a_stopped_or_failed_one_reached():
     kept, record = [], {"method": "naive"}
     done = live_run.LiveRun(RunConfig("a", "b"), run=lambda cfg, progress, cancel: record, keep=kept.append).start()
-    assert done.join(TIMEOUT) and kept == [record] and done.snapshot().message == ""
+    assert done.join(TIMEOUT) and done.snapshot().message == ""
+    assert (kept[0].state, kept[0].record) == ("done", record) and kept[0].seconds >= 0
 
-    def stopped(cfg, progress, cancel):
-        cancel.cancel("stopped on request")
-        cancel.check("step 1")
+    gone = live_run.LiveRun(RunConfig("a", "b", points=41), run=path_ticks(41, 3), keep=kept.append).start()
+    assert gone.join(TIMEOUT) and gone.snapshot().state == "stopped"
+    out = kept[1]
+    assert (out.state, out.record, out.phase) == ("stopped", None, "interpolate")
+    assert out.message == "The run was stopped on request during interpolation, point 4/41."
+    assert out.partial == {"lambdas": [0.0, 1 / 40, 2 / 40], "loss": [1.0, 1.025, 1.05]}  # λ from the grid, not the text
+    assert out.timings == {"load": 0.3, "interpolate": 3.0}
 
-    gone = live_run.LiveRun(RunConfig("a", "b"), run=stopped, keep=kept.append).start()
-    assert gone.join(TIMEOUT) and gone.snapshot().state == "stopped" and kept == [record]
+    def bad_input(cfg, progress, cancel):
+        raise DataError("The evaluation set is empty.")
 
-    def full(rec):
+    failed = live_run.LiveRun(RunConfig("a", "b"), run=bad_input, keep=kept.append).start()
+    assert failed.join(TIMEOUT)
+    assert (kept[2].state, kept[2].message, kept[2].phase, kept[2].partial) == \
+        ("failed", "The evaluation set is empty.", None, None)
+
+    def full(out):
         raise OutputError("Could not write /x (No space left on device).")
 
     failed_keep = live_run.LiveRun(RunConfig("a", "b"), run=lambda cfg, progress, cancel: record, keep=full).start()
@@ -201,3 +306,8 @@ def test_the_worker_keeps_a_done_run_and_never_a_stopped_one():
     assert (snap.state, snap.record) == ("done", record)
     assert snap.message == ("The run finished but could not be kept in the run history: Could not write /x "
                             "(No space left on device).")
+    stopped_full = live_run.LiveRun(RunConfig("a", "b"), run=path_ticks(5, 1), keep=full).start()
+    assert stopped_full.join(TIMEOUT)
+    assert stopped_full.snapshot().message == (
+        "The run was stopped on request during interpolation, point 2/5. It could not be kept in the run history: "
+        "Could not write /x (No space left on device).")

@@ -243,3 +243,97 @@ def test_cli_delete_checks_every_run_before_deleting_any(recs, home, capsys):
     assert main(["runs", "delete", good, bad]) == 2
     assert "left alone" in capsys.readouterr().err
     assert files(home) == sorted([f"run-{good}.json", f"run-{bad}.json"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Stopped and failed runs, durations, notes
+
+
+def stopped_run(recs, partial=None, phase="interpolate", status="stopped", message="The run was stopped on request "
+                "during interpolation, point 3/5."):
+    cfg = RunConfig(recs.lm["model_a"], recs.lm["model_b"], "weight", eval_items=64, points=5).to_dict()
+    return history.save_unfinished(cfg, status, phase, message, {"load": 0.25, "measure B": 1.5, "align": 2.0},
+                                   9.87654, partial, arch=recs.lm["arch"])
+
+
+def test_a_stopped_run_is_kept_with_what_it_reached(recs, home, capsys):
+    entry = stopped_run(recs, {"lambdas": [0.0, 0.25], "loss": [5.5, float("nan")]})
+    run_id = entry["run"]["id"]
+    on_disk = json.loads((home / f"run-{run_id}.json").read_text())
+    assert on_disk["run"] | {"saved": None} == {"id": run_id, "status": "stopped", "saved": None, "seconds": 9.877,
+                                                "phase": "interpolate",
+                                                "message": "The run was stopped on request during interpolation, "
+                                                           "point 3/5."}
+    assert (on_disk["method"], on_disk["model_a"], on_disk["config"]["points"]) == ("weight", recs.lm["model_a"], 5)
+    assert on_disk["timings"] == {"load": 0.25, "measure B": 1.5, "align": 2.0} and on_disk["arch"] == recs.lm["arch"]
+    assert on_disk["partial"]["lambdas"] == [0.0, 0.25] and on_disk["partial"]["loss"][0] == 5.5
+    (listed,) = history.list_runs()
+    assert listed["run"]["id"] == run_id and not history.finished(listed)
+    row = history.summary(listed)
+    assert (row["status"], row["barrier"], row["midpoint_barrier"], row["seconds"], row["phase"], row["eval_items"],
+            row["task"]) == ("stopped", None, None, 9.877, "interpolate", 64, recs.lm["arch"]["task"])
+    failed = stopped_run(recs, phase=None, status="failed", message="The evaluation set is empty.")
+    assert "partial" not in failed and failed["run"]["phase"] is None
+    assert history.load_run(failed["run"]["id"])["run"]["message"] == "The evaluation set is empty."
+    with pytest.raises(LMCError, match=f"Run {run_id} stopped before its path was measured, so it has no barrier"):
+        history.compare([history.save_run(recs.lm), listed])
+    capsys.readouterr()
+    assert main(["runs", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith(run_id) and " stopped " in line and " -        - " in line for line in lines)
+
+
+def test_a_done_run_keeps_its_wall_time(recs, home):
+    entry = history.save_run(recs.lm, seconds=42.123456)
+    assert entry["run"]["seconds"] == 42.123 and history.summary(history.load_run(entry["run"]["id"]))["seconds"] == 42.123
+    assert "seconds" not in history.save_run(recs.lm)["run"]  # unknown: not written
+
+
+def test_unfinished_runs_are_checked_before_they_are_written(recs, home):
+    with pytest.raises(LMCError, match="Only a stopped or failed run is kept without a record, not a 'done' one"):
+        stopped_run(recs, status="done")
+    with pytest.raises(LMCError, match="partial must hold lambdas and loss, one number each per point measured"):
+        stopped_run(recs, {"lambdas": [0.0, 0.5], "loss": [1.0]})
+    with pytest.raises(LMCError, match="run.phase must be one of load, measure B, align, interpolate, attribution"):
+        stopped_run(recs, phase="walking")
+    assert files(home) == []
+    good = stopped_run(recs)
+    f = home / f"run-{good['run']['id']}.json"
+    for broken in ({**good, "config": "x"}, {**good, "run": {**good["run"], "seconds": -1}},
+                   {**good, "run": {**good["run"], "note": 5}}):
+        f.write_text(json.dumps(broken))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert history.list_runs() == []
+        assert len(caught) == 1 and str(f) in str(caught[0].message)
+
+
+def test_a_note_is_written_into_the_run_and_only_into_a_run_the_tool_wrote(recs, home):
+    done, stopped = history.save_run(recs.lm), stopped_run(recs)
+    for entry in (done, stopped):
+        run_id = entry["run"]["id"]
+        before = history.load_run(run_id)
+        noted = history.set_note(run_id, "  baseline for the talk \n")
+        assert noted["run"]["note"] == "baseline for the talk"
+        after = history.load_run(run_id)
+        assert after == noted and {k: v for k, v in after.items() if k != "run"} == \
+            {k: v for k, v in before.items() if k != "run"}
+        assert history.summary(after)["note"] == "baseline for the talk"
+        assert "note" not in history.set_note(run_id, "")["run"]  # an empty note removes it
+    assert sorted(p.name for p in home.iterdir()) == sorted(f"run-{e['run']['id']}.json" for e in (done, stopped))
+    with pytest.raises(LMCError, match="A run's note is text of at most 2,000 characters"):
+        history.set_note(done["run"]["id"], "x" * 2001)
+    foreign = history.new_run_id()
+    (home / f"run-{foreign}.json").write_text(json.dumps(recs.lm))  # a record, not a kept run
+    with pytest.raises(OutputError, match="deletes only runs it wrote, so the file was left alone"):
+        history.set_note(foreign, "mine")
+    assert json.loads((home / f"run-{foreign}.json").read_text()) == json.loads(json.dumps(recs.lm))
+
+
+def test_cli_shows_where_a_stopped_run_ended(recs, home, capsys):
+    run_id = stopped_run(recs)["run"]["id"]
+    assert main(["runs", "show", run_id]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"run {run_id}: stopped, created -, kept ")
+    assert out[1] == (f"weight: {recs.lm['model_a']} / {recs.lm['model_b']}; stopped during interpolate: The run was "
+                      "stopped on request during interpolation, point 3/5.")
