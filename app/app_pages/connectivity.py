@@ -127,7 +127,7 @@ def live_panel() -> None:
     if stop is not None:
         stop.button("Stop", key="stop", on_click=run.stop, disabled=snap.state == "stopping", width="stretch",
                     icon=":material/stop_circle:", type="primary",
-                    help="End the run within one layer, step or batch; nothing is kept.")
+                    help="End the run within one layer, step or batch; the Runs page keeps it as stopped.")
     elif snap.state == "stopped":
         st.warning(snap.message)
 
