@@ -689,6 +689,86 @@ def build_widen(methods: tuple[str, ...] = WIDEN_METHODS, eval_items: int | None
     return out
 
 
+# More than two models (engine.multi, docs/MATH.md section 10): N models of one architecture in one basis,
+# to model 0 or to their barycentre, the pairwise barrier matrices before and after, and the triangle of
+# three; the store's records live under cached_results/multi/.
+MULTI_EVAL_ITEMS = 8_192  # tokens (or every test image) per evaluation: each model, 3 per pair, 22 on the triangle
+
+
+def multi_models(names: list[str], to: str = "reference", eval_items: int | None = MULTI_EVAL_ITEMS, split: str = "test",
+                 points: int | None = None, per_edge: int | None = None, dtype: str = "float32", device: str = "cpu",
+                 stage: Callable[[str, int, int, str], None] | None = None,
+                 cancel: CancelToken | None = None) -> dict:
+    """Load N zoo models or model directories and put them in one basis `to` (engine.multi.run): the record.
+
+    Refused from the configs, before any weight is loaded: fewer than three models, a model that cannot be
+    read (model_info, as "Model 2 ..."), two kinds or shapes. `stage` hears (stage, done, total, message)
+    of every model loaded, matched and evaluated; `cancel` stops the run within one of them."""
+    from engine import multi
+
+    if len(names) < multi.MIN_MODELS:
+        raise LMCError(f"Aligning models into one basis takes at least {multi.MIN_MODELS} models, not "
+                       f"{len(names)}; for two, align the pair.")
+    if to not in multi.TOS:
+        raise LMCError(f"A shared basis is {' or '.join(multi.TOS)}, not {to!r}.")
+    infos = [model_info(n, f"Model {i + 1}") for i, n in enumerate(names)]
+    multi.mismatch([i.arch for i in infos], [i.label for i in infos], [display_name(n) for n in names])
+    device = resolve_device(device)
+    models = []
+    for i, n in enumerate(names):
+        check_cancel(cancel, f"loading, model {i + 1}/{len(names)}")
+        models.append(load_named(n, dtype, device))
+        if stage:
+            stage("load", i + 1, len(names), models[-1].name)
+    es = eval_set_for(models[0], split, eval_items)
+    body = multi.run(models, to, es, points or multi.POINTS, per_edge or multi.PER_EDGE, stage=stage, cancel=cancel)
+    return multi.make_record(body, device, dtype)
+
+
+def multi_records(root: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored multi-model record and a sentence per file skipped (engine.multi.stored)."""
+    from engine.multi import stored
+
+    return stored(root)
+
+
+def multi_stamp() -> int:
+    """Changes when a stored multi-model record is written: a cache key for multi_records."""
+    from engine.multi import store_stamp
+
+    return store_stamp()
+
+
+def build_multi(force: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+    """The store's multi-model records (engine.multi.SETS, to the reference and to the barycentre, on
+    MULTI_EVAL_ITEMS) into cached_results/multi/; a usable record already there is kept unless `force`."""
+    from engine import multi
+
+    check_output_dir(multi.store_dir(), overwrite=True, name="Multi-model store")
+    for names in multi.SETS:  # every model is built before any work starts
+        for n in names:
+            resolve(n)
+    out = []
+    for names in multi.SETS:
+        for to in multi.TOS:
+            f = multi.store_file(names, to)
+            old = None
+            if f.is_file() and not force:
+                try:
+                    old = multi.read_record(f)
+                except LMCError:
+                    old = None
+            if old is not None:
+                out.append(old)
+                continue
+            if log:
+                log(f"multi: {', '.join(names)} to the {to}")
+            rec = multi_models(list(names), to)
+            multi.write_record(rec, f)
+            out.append(rec)
+    return out
+
+
 # The class ablation: weight matching on every zoo pair with each symmetry class alone and all of
 # them together, on a reduced evaluation (the first 8,192 tokens, or every test image, at 11 points)
 # so the whole build fits in minutes; one small JSON per pair under cached_results/ablation/.

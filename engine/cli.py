@@ -1,4 +1,4 @@
-"""`python -m engine ...`: train, zoo, interpolate, align, widen, cache, runs, symmetry.
+"""`python -m engine ...`: train, zoo, interpolate, align, widen, multi, cache, runs, symmetry.
 
 Every user error is one line `error: ...` on stderr and exit status 2, never a traceback: bad
 arguments (argparse's own errors included), bad model directories and configs, and output locations
@@ -166,7 +166,7 @@ def _is_record(f: Path) -> bool:
         with open(f, "rb") as fh:
             if fh.read(1) != b"{":
                 return False
-        if read_json_object(f, max_bytes=None).get("kind") == "loss_plane":  # `plane --out`
+        if read_json_object(f, max_bytes=None).get("kind") in ("loss_plane", "multi"):  # `plane --out`, `multi --out`
             return True
         load_record(f)
     except (OSError, LMCError):
@@ -419,6 +419,49 @@ def _print_lift(rec: dict, method: str) -> None:
         print(f"endpoint check: loss of B {chk['loss_b']:.6f} -> {chk['loss_b_moved']:.6f} (relative {chk['rel_diff']:.1e})")
 
 
+def cmd_multi(args) -> None:
+    """N models in one basis: the pairwise barriers before and after, the triangle (docs/MATH.md section 10)."""
+    from engine.api import multi_models
+    from engine.multi import write_record
+    from engine.zoo import resolve
+
+    if len(args.models) < 3:
+        raise LMCError(f"Aligning models into one basis takes at least 3 models, not {len(args.models)}; for two, "
+                       "use `align`.")
+    _check_out(args.out, [resolve(m) for m in args.models])
+    bars = _progress_bar(f"multi, to the {args.to}")
+    try:
+        rec = multi_models(args.models, args.to, args.eval_items, args.split, args.points, args.per_edge, args.dtype,
+                           args.device, stage=lambda stage, done, total, msg: bars(_Tick(stage, done, total, msg)))
+    finally:
+        bars.close()
+    _print_multi(rec)
+    if args.out:
+        write_record(rec, Path(args.out))
+        print(f"wrote {args.out}")
+
+
+def _print_multi(rec: dict) -> None:
+    names = rec["models"]
+    n, w = len(names), max(len(s) for s in names)
+    print(f"{n} models to the {rec['to']} ({rec['eval_set']}; classes {', '.join(rec['classes']) or '-'}; "
+          f"{len(rec['lambdas'])} points per path)")
+    for side in ("before", "after"):
+        print(f"barrier {side} alignment" + (" (as trained, in the aligners' coordinates)" if side == "before" else ""))
+        for i, row in enumerate(rec[side]["barrier"]):
+            print(f"  {names[i]:<{w}} " + " ".join(f"{v:8.4f}" for v in row))
+    al = rec["alignment"]
+    if rec["to"] == "barycentre":
+        changes = [r["permutation_changes"] for r in al["rounds"][1:]]
+        print(f"barycentre: {len(changes)} round(s), permutation changes {changes}; {al['stop']}")
+    ex = rec["exactness"]
+    print(f"exactness: every aligned model's loss within {max(m['rel_diff'] for m in ex['models']):.1e} relative of "
+          f"its own (tolerance {ex['tolerance']:.0e})")
+    tri, c = rec["triangle"], rec["triangle"]["centroid"]
+    print(f"triangle of {', '.join(names[i] for i in tri['models'])} ({len(tri['weights'])} points): centroid loss "
+          f"{c['loss']:.4f}, {c['excess']:+.4f} over the vertices' mean; largest excess {tri['barrier']:.4f}")
+
+
 def cmd_cache(args) -> None:
     from engine.api import build_cache
     from engine.results import cache_dir
@@ -448,6 +491,16 @@ def cmd_cache(args) -> None:
         out = build_widen(tuple(args.methods or WIDEN_METHODS), eval_items=args.eval_items, force=args.force,
                           log=lambda s: print(s, file=sys.stderr))
         print(f"{len(out)} width-heterogeneous record(s) in {widen_dir()}")
+        return
+    if args.multi:
+        from engine.api import build_multi
+        from engine.multi import store_dir
+
+        if args.only is not None or args.methods is not None:
+            raise LMCError("--only and --methods do not apply to `cache build --multi`: it builds the zoo's seed sets "
+                           "with weight matching.")
+        out = build_multi(force=args.force, log=lambda s: print(s, file=sys.stderr))
+        print(f"{len(out)} multi-model record(s) in {store_dir()}")
         return
     if args.planes:
         from engine.api import build_planes, plane_dir
@@ -764,6 +817,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--widen", action="store_true",
                    help="build the width-heterogeneous records instead (each narrow zoo ViT lifted into its wider "
                         "twin's shape; naive and weight matching) into cached_results/widen/")
+    p.add_argument("--multi", action="store_true",
+                   help="build the multi-model records instead (three seeds of the learned-PE ViT in one basis, to the "
+                        "reference and to the barycentre) into cached_results/multi/")
     p.add_argument("--symmetry", action="store_true",
                    help="build only the zoo's symmetry reports (cached_results/symmetry/; a plain build writes them "
                         "too)")
@@ -792,6 +848,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-attribution", action="store_true",
                    help="skip attributing the midpoint barrier to layers and classes")
     p.set_defaults(fn=cmd_widen)
+
+    p = sub.add_parser("multi", help="align N >= 3 models of one architecture into one basis; the barrier between every "
+                                     "pair before and after, and the loss over the triangle of the first three")
+    p.add_argument("models", nargs="+", type=_path, metavar="MODEL", help="zoo names or model directories (3 or more)")
+    p.add_argument("--to", default="reference", choices=["reference", "barycentre"],
+                   help="the shared basis: the first model's (each other model weight-matched onto it), or the "
+                        "models' barycentre by alternating matching")
+    p.add_argument("--points", type=_int_in(3, 101, "points on each pairwise path, endpoints included"), default=5,
+                   help="lambdas on each pairwise path, endpoints included (default 5)")
+    p.add_argument("--per-edge", type=_int_in(2, 21, "points per edge of the triangle"), default=6,
+                   help="points per edge of the triangle's barycentric grid (default 6: 21 points)")
+    p.add_argument("--eval-items", type=_items, default=8192,
+                   help="scored tokens (LM) or images (ViT) per point, or 'all' (default 8,192, or every test image)")
+    p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                   help="the dtype the models are loaded and run in")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="auto (default): cuda when torch sees a GPU, else cpu")
+    p.add_argument("--out", type=_path, default=None, help="write the record (JSON) here")
+    p.set_defaults(fn=cmd_multi)
 
     p = sub.add_parser("runs", help="list, show or delete the live runs kept in the run history")
     p.add_argument("action", choices=["list", "show", "delete"])

@@ -482,6 +482,19 @@ def record_problem(rec: dict) -> str | None:
     t = tri.get("models")
     if not (isinstance(t, list) and len(t) == 3 and all(isinstance(i, int) and 0 <= i < n for i in t)):
         return "its triangle does not name three of its models"
+    if not (isinstance(rec.get("classes"), list) and all(isinstance(c, str) for c in rec["classes"])
+            and isinstance(rec.get("eval_set"), str)):
+        return "it does not say which classes and evaluation set it used"
+    ex = (rec.get("exactness") or {}).get("models")
+    if not (isinstance(ex, list) and len(ex) == n and all(isinstance(e, dict) and _numbers([e.get("rel_diff")])
+                                                          for e in ex)):
+        return f"its exactness check does not hold {n} finite relative differences"
+    al = rec.get("alignment")
+    if not (isinstance(al, dict) and al.get("to") == rec["to"]):
+        return "its alignment does not say which basis it reached"
+    if rec["to"] == "barycentre" and not (isinstance(al.get("rounds"), list) and len(al["rounds"]) >= 2
+                                          and isinstance(al.get("stop"), str)):
+        return "its barycentre alignment has no rounds"
     return None
 
 

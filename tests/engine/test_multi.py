@@ -1,5 +1,5 @@
 """N models in one basis (engine/multi.py, docs/MATH.md section 10): planted recovery, exactness of every aligned
-model, the pairwise barrier matrices, the triangle, the record and its checks."""
+model, the pairwise barrier matrices, the triangle, the record and its checks, the CLI."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from engine.classes import choose_classes
 from engine.errors import ArchitectureMismatch, Cancelled, LMCError
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import _empty_copy, interpolate
-from engine.models import canonical, model_logits
+from engine.models import canonical, model_logits, save_model
 from engine.symmetry import apply, compose, invert, sample
 
 F64 = torch.float64
@@ -206,12 +206,20 @@ def test_a_run_makes_a_checked_record_that_survives_the_round_trip(tmp_path):
                            (rec | {"to": "median"}, "basis is 'median'"),
                            (rec | {"after": rec["after"] | {"barrier": [[0, 1, 0], [2, 0, 0], [0, 0, 0]]}},
                             "not symmetric"),
-                           (rec | {"triangle": rec["triangle"] | {"per_edge": 5}}, "barycentric grid")):
+                           (rec | {"triangle": rec["triangle"] | {"per_edge": 5}}, "barycentric grid"),
+                           (rec | {"exactness": {"models": []}}, "3 finite relative differences"),
+                           (rec | {"alignment": rec["alignment"] | {"rounds": []}}, "has no rounds")):
         with pytest.raises(LMCError, match=phrase):
             multi.check_record(broken)
     (tmp_path / "bad.json").write_text(json.dumps(rec | {"kind": "loss_plane"}))
     with pytest.raises(LMCError, match=r"bad.json is unusable: it is not a multi-model record"):
         multi.read_record(tmp_path / "bad.json")
+    store = tmp_path / "store"
+    multi.write_record(rec, multi.store_file(rec["models"], "barycentre", store))
+    multi.write_record(rec, multi.store_file(rec["models"], "reference", store))  # a barycentre record, misnamed
+    recs, skipped = multi.stored(store)
+    assert [r["to"] for r in recs] == ["barycentre"] and len(skipped) == 1
+    assert "m0__m1__m2__reference.json holds m0, m1, m2 to the barycentre, not what its name says" in skipped[0]
 
 
 def test_fewer_than_three_models_two_shapes_and_a_non_finite_loss_are_one_sentence_each():
@@ -234,3 +242,31 @@ def test_fewer_than_three_models_two_shapes_and_a_non_finite_loss_are_one_senten
         huge.module.head.W[0, 0] = float("inf")
     with pytest.raises(LMCError, match="Model huge has a loss that is not finite"):
         multi.run(models[:2] + [huge], "reference", es)
+
+
+def test_the_cli_writes_a_record_and_refuses_bad_input(tmp_path, capsys):
+    from engine.cli import main
+
+    models, _, _ = planted(tiny(vocab_size=256))
+    dirs = []
+    for i, m in enumerate(models):
+        save_model(m, tmp_path / f"m{i}")
+        dirs.append(str(tmp_path / f"m{i}"))
+    out = tmp_path / "multi.json"
+    assert main(["multi", *dirs, "--to", "barycentre", "--eval-items", "128", "--out", str(out)]) == 0
+    rec = multi.read_record(out)
+    assert rec["models"] == ["m0", "m1", "m2"] and rec["to"] == "barycentre" and rec["eval_tokens"] == 128
+    assert max(abs(v) for row in rec["after"]["barrier"] for v in row) < 1e-4
+    text = capsys.readouterr().out
+    assert "barrier before" in text and "centroid" in text and f"wrote {out}" in text
+    assert main(["multi", *dirs[:2], "--out", str(tmp_path / "x.json")]) == 2
+    assert "at least 3 models" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+    save_model(random_model(tiny(vocab_size=256, d_mlp=32), seed=5), tmp_path / "narrow")
+    assert main(["multi", *dirs[:2], str(tmp_path / "narrow")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "different shapes" in err and err.count("\n") == 1
+    (tmp_path / "foreign.json").write_text("{}")
+    assert main(["multi", *dirs, "--out", str(tmp_path / "foreign.json")]) == 2
+    assert "not a result record" in capsys.readouterr().err
+    assert main(["cache", "build", "--multi", "--only", "vit-learned-s0"]) == 2
+    assert "--only and --methods do not apply to `cache build --multi`" in capsys.readouterr().err
