@@ -10,10 +10,11 @@ train_loss, train_accuracy, train_barrier, train_midpoint_barrier, train_eval_se
 train_eval_tokens | train_eval_images (TRAIN_FIELDS);
 older ones lack them and stay valid.
 
-The store degrades gracefully: a record that is not valid JSON, not an object, or lacks a field is
-skipped with a StoreWarning naming the file (the CLI prints it on stderr), never taking the table,
-the manifest or the app's other methods down with it; the manifest is always rebuilt from the
-records present.
+Every record read is checked against the record schema (RECORD_SCHEMA, record_problem: each field's
+type and bounds, and the fields' agreement) before any value is used. The store degrades gracefully:
+a record that is not valid JSON, not an object, or breaks the schema is skipped with a StoreWarning
+naming the file and the field (the CLI prints it on stderr), never taking the table, the manifest or
+the app's other methods down with it; the manifest is always rebuilt from the records present.
 """
 
 from __future__ import annotations
@@ -210,86 +211,384 @@ TRAIN_FIELDS = ("train_loss", "train_accuracy", "train_barrier", "train_midpoint
                 "train_eval_tokens", "train_eval_images")
 
 
-def _number(v) -> bool:
+# The record schema: every field a record may hold, its type and its bounds (JSON Schema, checked
+# with jsonschema), then what one field says of another (lengths, dependent fields). Every reader of
+# a record (the store, the run history, an earlier --out file) goes through record_problem, so no
+# value reaches the CLI, the app or torch unchecked. Fields the schema does not name are allowed.
+#
+# Numbers: a setting or a count (lambdas, config, arch, timings, sizes) is finite and bounded; a
+# measurement (a loss, an accuracy, a barrier) may also be NaN or an infinity, which is what the
+# engine writes for a run whose interpolated models overflow. No number lies beyond float range, so
+# a 400-digit integer is refused by name before any arithmetic sees it.
+
+MAX_COUNT = 10**12  # tokens, images, bytes, steps: any count a record holds
+MAX_WIDTH = 2**20  # a model dimension (d_model, d_mlp, heads), so also a permutation's length
+MAX_LAYERS = 10_000
+MAX_TEXT = 10_000  # characters of a text field
+MAX_LIST = MAX_STEPS + 1  # entries of an optimisation history (one per step at most)
+MAX_RECORD_BYTES = 512 * 2**20  # a residual rotation of d_model 4,096 is about 150 MB of JSON
+
+
+def _n(v) -> str:
+    """A bound as the descriptions write it: 1,048,576, 0.5."""
+    return f"{v:,}" if isinstance(v, int) else f"{v:g}"
+
+
+def _text(max_len: int = MAX_TEXT, null: bool = False) -> dict:
+    return {"type": ["string", "null"] if null else "string", "maxLength": max_len,
+            "description": f"text of at most {max_len:,} characters" + (" or null" if null else "")}
+
+
+def _flag() -> dict:
+    return {"type": "boolean", "description": "true or false"}
+
+
+def _whole(lo: int = 0, hi: int = MAX_COUNT, null: bool = False) -> dict:
+    return {"type": ["integer", "null"] if null else "integer", "minimum": lo, "maximum": hi,
+            "description": f"a whole number{_bounds(lo, hi)}" + (" or null" if null else "")}
+
+
+def _real(finite: bool = True, lo: float | None = None, hi: float | None = None, null: bool = False) -> dict:
+    """A number: `finite`, or (a measurement) also NaN or an infinity; within [lo, hi] when given."""
+    node = {"type": ["number", "null"] if null else "number", "finite": finite}
+    node |= {} if lo is None else {"minimum": lo}
+    node |= {} if hi is None else {"maximum": hi}
+    what = ("a finite number" if finite else "a number") + _bounds(lo, hi)
+    return node | {"description": what + (" or null" if null else "")}
+
+
+def _bounds(lo, hi) -> str:
+    if lo is not None and hi is not None:
+        return f" from {_n(lo)} to {_n(hi)}"
+    return f" of at least {_n(lo)}" if lo is not None else f" of at most {_n(hi)}" if hi is not None else ""
+
+
+def _reals(max_items: int, min_items: int = 0, finite: bool = True, depth: int = 1, whole: bool = False,
+           lo: float | None = None, hi: float | None = None, null: bool = False) -> dict:
+    """A list of numbers (`depth` 2: a list of such lists), checked by the fast `numbers` keyword."""
+    kind = ("whole numbers" if whole else "finite numbers" if finite else "numbers") + _bounds(lo, hi)
+    what = (f"a list of {min_items:,} to {max_items:,} " if min_items else f"a list of at most {max_items:,} ") + (
+        f"lists of {kind}" if depth == 2 else kind)
+    return {"type": "array", "minItems": min_items, "maxItems": max_items,
+            "numbers": {"depth": depth, "finite": finite, "whole": whole, "null": null, "minimum": lo, "maximum": hi},
+            "description": what}
+
+
+def _list(items: dict, max_items: int, min_items: int = 0, what: str = "items") -> dict:
+    return {"type": "array", "items": items, "minItems": min_items, "maxItems": max_items,
+            "description": f"a list of {min_items:,} to {max_items:,} {what}" if min_items else
+            f"a list of at most {max_items:,} {what}"}
+
+
+def _obj(props: dict, required: tuple[str, ...] = (), what: str | None = None, null: bool = False) -> dict:
+    """An object with these typed fields (others allowed), `required` among them."""
+    node = {"type": ["object", "null"] if null else "object", "required": list(required), "properties": props}
+    what = what or ("an object with " + ", ".join(required) if required else "an object")
+    return node | {"description": what + (" or null" if null else "")}
+
+
+def _map(values: dict, what: str, max_keys: int = 10_000) -> dict:
+    """An object of any keys, each holding `values`."""
+    return {"type": "object", "additionalProperties": values, "maxProperties": max_keys, "description": what}
+
+
+_PERM = _reals(MAX_WIDTH, whole=True, lo=0, hi=MAX_WIDTH)
+_MEASURE = _real(finite=False)
+_MEASURES = _reals(MAX_POINTS, finite=False)  # a curve along the path: NaN where the models overflow
+_HISTORY = _obj({k: _reals(MAX_LIST, finite=False, null=True) for k in
+                 ("seconds", "train_loss", "val_barrier", "val_midpoint_loss", "val_worst_lambda")}
+                | {"step": _reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT)}, required=("step",))
+_LAYER = _obj({
+    "head_perm": _PERM, "kv_perm": _PERM, "mlp_perm": _PERM,
+    "mlp_scale": _reals(MAX_WIDTH, finite=False),
+    "qk_singular_values": _reals(MAX_WIDTH, finite=False, depth=2),
+    "vo_singular_values": _reals(MAX_WIDTH, finite=False, depth=2),
+    "head_cost": _reals(MAX_WIDTH, finite=False, depth=2),
+    "rope_scalars": _obj({"abs": _reals(MAX_WIDTH, finite=False, depth=2),
+                          "angle": _reals(MAX_WIDTH, finite=False, depth=2)}),
+    "mlp_similarity": _obj({"matched": _reals(MAX_WIDTH, finite=False), "same_index": _reals(MAX_WIDTH, finite=False)}),
+}, required=("head_perm", "kv_perm", "mlp_perm"))
+_ELEMENT = _obj({
+    "layers": _list(_LAYER, MAX_LAYERS, what="layers"),
+    "residual": _obj({"kind": _text(64), "perm": _PERM, "matrix": _reals(MAX_WIDTH, finite=False, depth=2),
+                      "distance_from_identity": _MEASURE}, required=("kind",)),
+}, required=("layers", "residual"))
+_DIAGNOSTICS = _obj({
+    "seconds": _real(lo=0), "seconds_per_step": _real(lo=0), "init_seconds": _real(lo=0),
+    "time_budget_s": _real(lo=0, null=True), "tokens": _whole(), "steps": _whole(), "steps_done": _whole(),
+    "best_step": _whole(), "resolve_every": _whole(), "best_val_barrier": _MEASURE, "best_val_midpoint_loss": _MEASURE,
+    "stopped": _text(), "stop": _text(), "stop_tol": _real(lo=0), "work_dtype": _text(64), "converged": _flag(),
+    "residual_is_permutation": _flag(), "mlp_matched_correlation": _reals(MAX_LAYERS, finite=False),
+    "history": _HISTORY,
+    "curve": _obj({"step": _reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT), "lambda": _reals(MAX_LIST, null=True),
+                   "lr_factor": _reals(MAX_LIST, null=True), "train_loss": _reals(MAX_LIST, finite=False, null=True)}),
+    "identity": _obj({"lambdas": _reals(MAX_POINTS), "loss_dual": _MEASURES, "loss_one_sided": _MEASURES,
+                      "holds": _flag(), "dtype": _text(64), "tolerance": _real(lo=0),
+                      "max_relative_error": _MEASURE, "max_logit_relative_error": _MEASURE},
+                     required=("lambdas", "loss_dual", "loss_one_sided")),
+    "one_sided_same_budget": _obj({"history": _HISTORY, "steps": _whole(), "best_val_barrier": _MEASURE,
+                                   "best_val_midpoint_loss": _MEASURE, "dual_minus_one_sided": _MEASURE,
+                                   "dual_minus_one_sided_barrier": _MEASURE}),
+    "sweeps": _list(_obj({"sweep": _whole(), "objective": _MEASURE, "permutation_changes": _whole(),
+                          "residual_change": _MEASURE, "seconds": _real(lo=0)}, required=("sweep", "objective")),
+                    MAX_LIST, what="sweeps"),
+    "memory": _obj({k: _whole() for k in ("adam_state_bytes", "candidate_bytes", "latent_bytes", "model_bytes",
+                                          "peak_rss_bytes", "peak_rss_bytes_before")} | {"dtype": _text(64)}),
+    "resolves": _map(_reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT), "an object of lists of whole numbers"),
+    "permutation_solves": _map(_whole(), "an object of whole numbers"),
+    "settings": _map({"type": ["string", "number", "boolean", "null"], "finite": True, "maxLength": MAX_TEXT},
+                     "an object of settings, each text, a finite number, true, false or null"),
+})
+_COSTS = _map(_real(finite=False), "an object of numbers, one per block")
+_ALIGNMENT = _obj({
+    "method": _text(64), "display_name": _text(), "rewrite": _text(64, null=True), "seconds": _real(lo=0),
+    "classes": _list(_text(64), 64, what="class names"), "classes_left_out": _map(_text(), "an object of sentences"),
+    "groups": _map(_text(), "an object of group names"), "element": _ELEMENT, "element_a": _ELEMENT,
+    "matching_cost": _obj({"before": _COSTS, "after": _COSTS}), "diagnostics": _DIAGNOSTICS,
+}, required=("element",))
+_ATTRIBUTION = _obj({
+    "lambda": _real(lo=0, hi=1), "endpoint_loss_a": _MEASURE, "endpoint_loss_b": _MEASURE,
+    "midpoint_barrier": _MEASURE, "sum_of_layers": _MEASURE, "eval_set": _text(), "seconds": _real(lo=0),
+    "blocks": _list(_obj({"block": _text(256), "layer": _whole(hi=MAX_LAYERS, null=True),
+                          "part": {"enum": ["all", "attention", "mlp"], "description": "all, attention or mlp"},
+                          "excess": _MEASURE, "excess_a": _MEASURE, "excess_b": _MEASURE},
+                         required=("block", "part", "excess", "excess_a", "excess_b")),
+                    4 * MAX_LAYERS + 8, min_items=1, what="blocks"),
+    "classes": _list(_obj({"class": _text(64), "midpoint_barrier": _MEASURE, "rise": _MEASURE},
+                          required=("class", "midpoint_barrier", "rise")), 64, what="classes"),
+}, required=("midpoint_barrier", "blocks", "classes"))
+_DIMS = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp")
+_ARCH = _obj({
+    **{k: _whole(hi=MAX_LAYERS if k == "n_layers" else MAX_WIDTH) for k in _DIMS},
+    "n_out": _whole(hi=MAX_COUNT), "n_ctx": _whole(hi=MAX_COUNT), "rotary_dim": _whole(hi=MAX_WIDTH),
+    "rope_base": _real(lo=0), "norm_eps": _real(lo=0), "family": _text(64), "task": _text(64), "pe": _text(64),
+    "rope_layout": _text(64, null=True), "norm": _text(64), "mlp": _text(64),
+    **{k: _flag() for k in ("norm_bias", "attn_bias", "out_bias", "mlp_bias", "head_bias", "tied_embeddings", "causal",
+                            "parallel_residual", "qk_norm")},
+}, required=_DIMS)
+_WIDTHS = _obj({k: _whole(hi=MAX_WIDTH) for k in ("d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "rotary_dim")})
+_CONFIG = _obj({
+    "model_a": _text(4096), "model_b": _text(4096), "method": _text(64),
+    "classes": _list(_text(64), 64, what="class names"), "steps": _whole(hi=MAX_STEPS),
+    "points": _whole(2, MAX_POINTS), "eval_split": {"enum": list(SPLITS), "description": " or ".join(SPLITS)},
+    "eval_items": _whole(1, MAX_COUNT, null=True), "seed": _whole(hi=2**32 - 1), "device": _text(64),
+    "dtype": _text(64), "data_sha256": _text(64), "path": {"enum": list(PATHS), "description": " or ".join(PATHS)},
+    "extra": _list(_list(_text(), 2, 2, what="texts"), 64, what="pairs of texts"),
+})
+RECORD_REQUIRED = ("method", "model_a", "model_b", "lambdas", "loss", "barrier", "midpoint_barrier",
+                   "endpoint_loss_a", "endpoint_loss_b", "config_hash")
+RECORD_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "LMC Explorer result record",
+    "type": "object",
+    "required": list(RECORD_REQUIRED),
+    "dependentRequired": {"train_loss": ["train_barrier", "train_eval_set"], "alignment": ["arch"]},
+    "properties": {
+        "schema": _whole(hi=1000), "method": _text(64), "model_a": _text(4096), "model_b": _text(4096),
+        "path": {"enum": list(PATHS), "description": " or ".join(PATHS)}, "config_hash": _text(64),
+        "created": _text(64), "eval_set": _text(), "train_eval_set": _text(), "folded_rewrite": _text(64, null=True),
+        "lambdas": _reals(MAX_POINTS, 2, lo=0, hi=1),
+        **{k: _MEASURES for k in ("loss", "train_loss", "loss_folded", "accuracy_folded")},
+        **{k: _reals(MAX_POINTS, finite=False) | {"type": ["array", "null"], "description": _MEASURES["description"]
+                                                  + " or null"} for k in ("accuracy", "train_accuracy")},
+        **{k: _MEASURE for k in ("barrier", "midpoint_barrier", "endpoint_loss_a", "endpoint_loss_b", "train_barrier",
+                                 "train_midpoint_barrier", "barrier_folded", "midpoint_barrier_folded",
+                                 "accuracy_drop_folded")},
+        "accuracy_drop": _real(finite=False, null=True),
+        **{k: _whole(1, MAX_COUNT) for k in ("eval_tokens", "eval_images", "train_eval_tokens", "train_eval_images")},
+        "classes": _list(_text(64), 64, what="class names"), "classes_left_out": _map(_text(), "an object of sentences"),
+        "arch": _ARCH, "config": _CONFIG, "alignment": _ALIGNMENT, "attribution": _ATTRIBUTION,
+        "timings": _map(_real(lo=0), "an object of seconds, each a finite number of at least 0"),
+        "provenance": _obj({"engine_version": _text(64, null=True), "git_commit": _text(64, null=True),
+                            "engine_modified": {"type": ["boolean", "null"], "description": "true, false or null"},
+                            "torch": _text(64, null=True), "transformers": _text(64, null=True),
+                            "python": _text(64, null=True), "device": _text(64), "dtype": _text(64),
+                            "threads": _whole(hi=MAX_WIDTH), "reference_gflops": _real(lo=0)}),
+        "endpoint_check": _obj({"loss_b": _MEASURE, "loss_b_moved": _MEASURE, "abs_diff": _MEASURE,
+                                "rel_diff": _MEASURE, "tolerance": _real(lo=0), "exact": _flag(),
+                                "approximate_classes": _list(_text(64), 64, what="class names"),
+                                "rewrite": _text(64, null=True)}),
+        "lift": _obj({"widths_a": _WIDTHS, "widths_b": _WIDTHS, "stream_scale": _real(), "qk_scale": _real(),
+                      "qk_norm_gain_scale": _real(null=True), "loss_a": _MEASURE, "loss_a_lifted": _MEASURE,
+                      "accuracy_a": _MEASURE, "accuracy_a_lifted": _MEASURE, "abs_diff": _MEASURE,
+                      "rel_diff": _MEASURE, "tolerance": _real(lo=0), "exact": _flag(), "rewrite": _text(64, null=True),
+                      "maps": _obj({"heads": _PERM, "head_dims": _PERM, "mlp": _text(64), "residual": _text(64)}),
+                      "padding": _map(_whole(hi=MAX_WIDTH), "an object of widths")}),
+        "merged": _obj({"path": _text(4096), "alpha": _real(), "family": _text(64), "format": _text()}),
+    },
+}
+
+
+def _float_range(v) -> bool:
+    """Whether a number converts to a float (a 400-digit integer does not)."""
+    try:
+        float(v)
+    except OverflowError:
+        return False
+    return True
+
+
+def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def record_problem(rec, name: str = "record") -> str | None:
-    """Why `rec` is not a usable result record, as a sentence naming the field, or None."""
-    if not isinstance(rec, dict):
-        return f"{name} holds a JSON {type(rec).__name__}, not a result record."
-    missing = [k for k in ("method", "model_a", "model_b", "lambdas", "loss", "barrier", "midpoint_barrier",
-                           "endpoint_loss_a", "endpoint_loss_b", "config_hash") if k not in rec]
-    if missing:
-        return f"{name} is not a result record (missing {', '.join(missing)})."
-    for k in ("method", "model_a", "model_b", "config_hash"):
-        if not isinstance(rec[k], str):
-            return f"{name}: {k} must be a string, not {type(rec[k]).__name__}."
-    for k in ("barrier", "midpoint_barrier"):
-        if not _number(rec[k]):
-            return f"{name}: {k} must be a number, not {type(rec[k]).__name__}."
-    for k in ("endpoint_loss_a", "endpoint_loss_b", "accuracy_drop"):
-        if rec.get(k) is not None and not _number(rec[k]):
-            return f"{name}: {k} must be a number, not {type(rec[k]).__name__}."
-    lam, loss = rec["lambdas"], rec["loss"]
-    for k, v in (("lambdas", lam), ("loss", loss)):
-        if not isinstance(v, list) or len(v) < 2 or not all(_number(x) for x in v):
-            return f"{name}: {k} must be a list of at least two numbers."
-    if len(loss) != len(lam):
-        return f"{name}: loss has {len(loss)} values for {len(lam)} lambdas."
-    acc = rec.get("accuracy")
-    if acc is not None and (not isinstance(acc, list) or len(acc) != len(lam) or not all(_number(x) for x in acc)):
-        return f"{name}: accuracy must be null or one number per lambda."
-    if acc is not None and not _number(rec.get("accuracy_drop")):
-        return f"{name}: a record with accuracy needs a numeric accuracy_drop."
-    if not all(math.isfinite(x) for x in lam):
-        return f"{name}: lambdas must be finite."
-    return _train_problem(rec, name, len(lam)) or _attribution_problem(rec, name)
-
-
-def _attribution_problem(rec: dict, name: str) -> str | None:
-    """Why a record's barrier attribution (optional: engine.attribution) is unusable, or None."""
-    if "attribution" not in rec:
+def _leaf_problem(v, finite: bool, whole: bool, null: bool, lo, hi) -> str | None:
+    """Why `v` is not an allowed entry of a `numbers` list, or None."""
+    if v is None and null:
         return None
-    at = rec["attribution"]
-    if not isinstance(at, dict) or not _number(at.get("midpoint_barrier")):
-        return f"{name}: attribution must be an object with a numeric midpoint_barrier."
-    blocks, classes = at.get("blocks"), at.get("classes")
-    if not isinstance(blocks, list) or not blocks or not all(
-            isinstance(b, dict) and isinstance(b.get("block"), str) and b.get("part") in ("all", "attention", "mlp")
-            and all(_number(b.get(k)) for k in ("excess", "excess_a", "excess_b")) for b in blocks):
-        return f"{name}: attribution.blocks must be a list of blocks, each with a name, a part and numeric excesses."
-    if not isinstance(classes, list) or not all(
-            isinstance(c, dict) and isinstance(c.get("class"), str) and _number(c.get("midpoint_barrier"))
-            and _number(c.get("rise")) for c in classes):
-        return f"{name}: attribution.classes must be a list of classes, each with a numeric midpoint_barrier and rise."
+    if not _is_number(v) or (whole and not isinstance(v, int)):
+        return "not a " + ("whole number" if whole else "number")
+    if not _float_range(v) or (finite and not math.isfinite(v)):
+        return "not finite"
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        return "out of range"
     return None
 
 
-def _train_problem(rec: dict, name: str, n: int) -> str | None:
-    """Why a record's train curve (optional: records from before it have none) is unusable, or None."""
-    if "train_loss" not in rec:
-        stray = [k for k in TRAIN_FIELDS if k in rec]
-        return f"{name}: {stray[0]} is given without train_loss." if stray else None
-    tl = rec["train_loss"]
-    if not isinstance(tl, list) or len(tl) != n:
-        got = f"{len(tl)} values" if isinstance(tl, list) else f"a {type(tl).__name__}"
-        return f"{name}: train_loss must be one number per lambda ({n}), not {got}."
-    if not all(_number(x) for x in tl):
-        return f"{name}: train_loss must hold numbers only."
-    for k in ("train_barrier", "train_midpoint_barrier"):
-        if k in rec and not _number(rec[k]):
-            return f"{name}: {k} must be a number, not {type(rec[k]).__name__}."
-    if not _number(rec.get("train_barrier")):
-        return f"{name}: a record with train_loss needs a numeric train_barrier."
-    ta = rec.get("train_accuracy")
-    if ta is not None and (not isinstance(ta, list) or len(ta) != n or not all(_number(x) for x in ta)):
-        return f"{name}: train_accuracy must be null or one number per lambda."
-    if not isinstance(rec.get("train_eval_set"), str):
-        return f"{name}: a record with train_loss needs train_eval_set, the description of its train sample."
-    for k in ("train_eval_tokens", "train_eval_images"):
-        if k in rec and not (_number(rec[k]) and rec[k] == int(rec[k]) and rec[k] > 0):
-            return f"{name}: {k} must be a positive whole number, not {rec[k]!r}."
+def _finite_keyword(validator, finite, instance, schema):
+    """`finite`: a number within float range and, when true, neither NaN nor an infinity."""
+    if _is_number(instance) and (not _float_range(instance) or (finite and not math.isfinite(instance))):
+        from jsonschema.exceptions import ValidationError
+
+        yield ValidationError("not finite")
+
+
+def _plainly_fine(row: list, finite: bool, whole: bool, lo, hi) -> bool:
+    """A quick pass over a list of plain floats (or ints, for `whole`): True when every entry surely is
+    allowed; False sends the list through the entry-by-entry check, which finds the culprit."""
+    kind = int if whole else float
+    if not set(map(type, row)) <= {kind}:
+        return False
+    if whole or finite:  # no NaN: min and max are exact
+        if not whole:
+            try:
+                if not math.isfinite(math.fsum(row)):
+                    return False
+            except OverflowError:
+                return False
+        return not row or ((lo is None or min(row) >= lo) and (hi is None or max(row) <= hi))
+    return lo is None and hi is None
+
+
+def _numbers_keyword(validator, spec, instance, schema):
+    """`numbers`: every entry of a list (of lists, at depth 2) a number as `spec` says. A residual rotation
+    holds d_model**2 of them, so plain lists pass in one quick sweep."""
+    from jsonschema.exceptions import ValidationError
+
+    if not isinstance(instance, (list, tuple)):
+        return
+    args = spec["finite"], spec["whole"], spec["null"], spec["minimum"], spec["maximum"]
+    rows = enumerate(instance) if spec["depth"] == 2 else [(None, instance)]
+    for i, row in rows:
+        if not isinstance(row, (list, tuple)) or len(row) > MAX_WIDTH:
+            yield ValidationError("not a list", path=(i,), instance=row)
+            return
+        if _plainly_fine(row, spec["finite"], spec["whole"], spec["minimum"], spec["maximum"]):
+            continue
+        for j, v in enumerate(row):
+            why = _leaf_problem(v, *args)
+            if why:
+                yield ValidationError(why, path=(j,) if i is None else (i, j), instance=v)
+                return
+
+
+@functools.cache
+def _validator(required: bool = True):
+    """The record schema's validator: jsonschema's draft 2020-12 with the `finite` and `numbers` keywords,
+    where an integer is an int (never a bool or 2.0) and a tuple is an array; without `required`, the
+    root's required and dependent fields are not asked for."""
+    from jsonschema import Draft202012Validator, validators
+
+    checker = Draft202012Validator.TYPE_CHECKER.redefine_many({
+        "integer": lambda _, v: isinstance(v, int) and not isinstance(v, bool),
+        "array": lambda _, v: isinstance(v, (list, tuple)),  # a record not yet written holds its config's tuples
+    })
+    cls = validators.extend(Draft202012Validator, {"finite": _finite_keyword, "numbers": _numbers_keyword},
+                            type_checker=checker)
+    schema = RECORD_SCHEMA if required else {k: v for k, v in RECORD_SCHEMA.items()
+                                            if k not in ("required", "dependentRequired")}
+    return cls(schema)
+
+
+def _found(v) -> str:
+    """What a refused value is, in a few words."""
+    if v is None or isinstance(v, bool):
+        return json.dumps(v)
+    if isinstance(v, int):
+        digits = len(str(abs(v))) if abs(v) < 10**4000 else "over 4,000"
+        return f"an integer of {digits} digits" if abs(v) >= 10**15 else str(v)
+    if isinstance(v, float):
+        return json.dumps(v) if math.isfinite(v) else {"inf": "Infinity", "-inf": "-Infinity"}.get(str(v), "NaN")
+    if isinstance(v, str):
+        return f"the text {v[:40]!r}" + ("..." if len(v) > 40 else "")
+    if isinstance(v, (list, tuple)):
+        return f"a list of {len(v):,} items"
+    return "an object"
+
+
+def _field(path) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
+
+
+def _schema_sentence(error, name: str) -> str:
+    """One sentence for a schema violation: the described field it lies in, what that field must be, and
+    what was found where."""
+    path = list(error.absolute_path)
+    if error.validator == "required" and not path:
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return f"{name} is not a result record (missing {', '.join(missing)})."
+    if error.validator == "dependentRequired":
+        key, needs = next((k, [d for d in deps if d not in error.instance]) for k, deps in error.validator_value.items()
+                          if k in error.instance and any(d not in error.instance for d in deps))
+        return f"{name}: a record with {key} needs {' and '.join(needs)}."
+    node, at, desc = RECORD_SCHEMA, 0, None
+    for i, p in enumerate(path):  # the deepest node on the path with a description
+        node = (node.get("properties", {}).get(p) or node.get("additionalProperties")) if isinstance(p, str) \
+            else node.get("items")
+        if not isinstance(node, dict):
+            break
+        if "description" in node:
+            at, desc = i + 1, node["description"]
+    rest = path[at:]
+    where = f"item {rest[0]}" if len(rest) == 1 and isinstance(rest[0], int) else _field(rest)
+    if error.validator == "required":
+        missing = [k for k in error.validator_value if k not in error.instance]
+        found = f"{where + ' ' if rest else ''}lacks {', '.join(missing)}"
+    else:
+        found = (f"{where} is " if rest else "found ") + _found(error.instance)
+    return f"{name}: field '{_field(path[:at])}' must be {desc} ({found})."
+
+
+def _problem(rec, name: str, required: bool) -> str | None:
+    if not isinstance(rec, dict):
+        return f"{name} holds a JSON {type(rec).__name__}, not a result record."
+    error = next(_validator(required).iter_errors(rec), None)
+    return None if error is None else _schema_sentence(error, name)
+
+
+def fields_problem(rec, name: str = "record") -> str | None:
+    """Why a field present in `rec` breaks the record schema (its type or bounds), as one sentence naming
+    the field, or None; no field is required (a run kept before its record: engine.history)."""
+    return _problem(rec, name, required=False)
+
+
+def record_problem(rec, name: str = "record") -> str | None:
+    """Why `rec` is not a usable result record, as one sentence naming the field, or None: the schema,
+    then what fields say of each other (one value per lambda on every curve, the fields a curve needs)."""
+    problem = _problem(rec, name, required=True)
+    if problem:
+        return problem
+    n = len(rec["lambdas"])
+    for k in ("loss", "train_loss", "loss_folded", "accuracy_folded", "accuracy", "train_accuracy"):
+        if rec.get(k) is not None and len(rec[k]) != n:
+            m = len(rec[k])
+            return (f"{name}: {k} must be {'null or ' if 'accuracy' in k else ''}one number per lambda ({n}), not "
+                    f"{m} value{'s' if m != 1 else ''}.")
+    if rec.get("accuracy") is not None and rec.get("accuracy_drop") is None:
+        return f"{name}: a record with accuracy needs a numeric accuracy_drop."
+    stray = [k for k in TRAIN_FIELDS if k in rec] if "train_loss" not in rec else []
+    if stray:
+        return f"{name}: {stray[0]} is given without train_loss."
     return None
 
 
@@ -300,11 +599,12 @@ def write_record(record: dict, file: Path) -> Path:
 
 
 def load_record(file: Path) -> dict:
-    """A result record from a JSON file; any problem is an LMCError naming the file."""
+    """A result record from a JSON file, checked against the record schema (record_problem); any problem
+    is an LMCError naming the file and the field."""
     file = Path(file)
     if not file.exists() and not file.is_symlink():
         raise LMCError(f"Result file {file} does not exist.")
-    rec = read_json_object(file, f"Result file {file}", max_bytes=None, allow_nan=True)
+    rec = read_json_object(file, f"Result file {file}", max_bytes=MAX_RECORD_BYTES, allow_nan=True)
     problem = record_problem(rec, f"Result file {file}")
     if problem:
         raise LMCError(problem)

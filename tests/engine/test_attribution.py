@@ -115,13 +115,13 @@ def test_a_record_s_attribution_is_checked_before_use(planted):
     assert record_problem(rec) is None
     at = rec["attribution"]
     for bad, says in [
-        ("oops", "attribution must be an object"),
-        (at | {"midpoint_barrier": "0.1"}, "numeric midpoint_barrier"),
-        (at | {"blocks": []}, "attribution.blocks"),
-        (at | {"blocks": [at["blocks"][0] | {"part": "ffn"}]}, "attribution.blocks"),
-        (at | {"blocks": [at["blocks"][0] | {"excess": None}]}, "attribution.blocks"),
-        (at | {"classes": [{"class": "mlp", "rise": 1.0}]}, "attribution.classes"),
-        (at | {"classes": {"mlp": 1.0}}, "attribution.classes"),
+        ("oops", "field 'attribution' must be an object"),
+        (at | {"midpoint_barrier": "0.1"}, "field 'attribution.midpoint_barrier' must be a number"),
+        (at | {"blocks": []}, "field 'attribution.blocks' must be a list of 1 to"),
+        (at | {"blocks": [at["blocks"][0] | {"part": "ffn"}]}, "field 'attribution.blocks[0].part' must be all,"),
+        (at | {"blocks": [at["blocks"][0] | {"excess": None}]}, "field 'attribution.blocks[0].excess' must be a number"),
+        (at | {"classes": [{"class": "mlp", "rise": 1.0}]}, "field 'attribution.classes[0]' must be an object with"),
+        (at | {"classes": {"mlp": 1.0}}, "field 'attribution.classes' must be a list"),
     ]:
         assert says in record_problem(rec | {"attribution": bad})
     assert record_problem({k: v for k, v in rec.items() if k != "attribution"}) is None  # older records: fine

@@ -141,13 +141,16 @@ def test_old_records_without_a_train_curve_still_validate(naive_lm_record):
 
 @pytest.mark.parametrize(("change", "problem"), [
     ({"train_loss": [1.0, 2.0]}, "record: train_loss must be one number per lambda (3), not 2 values."),
-    ({"train_loss": [1.0, "x", 2.0]}, "record: train_loss must hold numbers only."),
-    ({"train_loss": 1.5}, "record: train_loss must be one number per lambda (3), not a float."),
-    ({"train_barrier": None}, "record: train_barrier must be a number, not NoneType."),
-    ({"train_accuracy": [0.5]}, "record: train_accuracy must be null or one number per lambda."),
-    ({"train_eval_set": 3}, "record: a record with train_loss needs train_eval_set, the description of its train sample."),
-    ({"train_eval_tokens": 0}, "record: train_eval_tokens must be a positive whole number, not 0."),
-    ({"train_eval_tokens": 1.5}, "record: train_eval_tokens must be a positive whole number, not 1.5."),
+    ({"train_loss": [1.0, "x", 2.0]},
+     "record: field 'train_loss' must be a list of at most 1,001 numbers (item 1 is the text 'x')."),
+    ({"train_loss": 1.5}, "record: field 'train_loss' must be a list of at most 1,001 numbers (found 1.5)."),
+    ({"train_barrier": None}, "record: field 'train_barrier' must be a number (found null)."),
+    ({"train_accuracy": [0.5]}, "record: train_accuracy must be null or one number per lambda (3), not 1 value."),
+    ({"train_eval_set": 3}, "record: field 'train_eval_set' must be text of at most 10,000 characters (found 3)."),
+    ({"train_eval_tokens": 0},
+     "record: field 'train_eval_tokens' must be a whole number from 1 to 1,000,000,000,000 (found 0)."),
+    ({"train_eval_tokens": 1.5},
+     "record: field 'train_eval_tokens' must be a whole number from 1 to 1,000,000,000,000 (found 1.5)."),
 ])
 def test_a_broken_train_curve_is_refused_with_one_sentence(naive_lm_record, change, problem):
     assert record_problem(naive_lm_record | change) == problem

@@ -1,0 +1,225 @@
+"""The record schema (engine.results.RECORD_SCHEMA, record_problem, load_record): every record a reader
+meets (the store, the run history, an earlier --out file) is checked field by field before use.
+
+The mutations start from shipped records of cached_results/ (read, never written) and cover each class
+a hostile or damaged file can hold: a 401-digit integer, a missing optional field (still a record), a
+missing required field, a wrong type (text for a number, an object for a list), NaN and Infinity, and a
+huge list. Each refusal is one sentence naming the field.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from engine.errors import LMCError
+from engine.results import (
+    CACHE,
+    MAX_POINTS,
+    RECORD_REQUIRED,
+    RECORD_SCHEMA,
+    fields_problem,
+    load_record,
+    record_problem,
+)
+
+DUAL = CACHE / "lm-learned-s0__lm-learned-s1__dual.json"  # diagnostics, attribution, train curve
+NAIVE = CACHE / "vit-learned-s0__vit-learned-s1__naive.json"  # accuracy, the folded curve
+BIG = int("9" * 401)
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict[str, dict]:
+    return {f.name: json.loads(f.read_text()) for f in (DUAL, NAIVE)}
+
+
+@pytest.fixture
+def dual(shipped) -> dict:
+    return copy.deepcopy(shipped[DUAL.name])
+
+
+@pytest.fixture
+def naive(shipped) -> dict:
+    return copy.deepcopy(shipped[NAIVE.name])
+
+
+def test_the_schema_is_a_json_schema_and_every_shipped_record_meets_it():
+    Draft202012Validator.check_schema(RECORD_SCHEMA)
+    files = sorted(CACHE.glob("*__*__*.json")) + sorted((CACHE / "widen").glob("*.json"))
+    assert len(files) >= 40
+    for f in files:
+        assert record_problem(json.loads(f.read_text()), f.name) is None
+
+
+def _set(path: str, value):
+    """A mutation setting the field at a dotted path (list indices as numbers) to `value`."""
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+
+    def mutate(rec: dict) -> None:
+        for p in parents:
+            rec = rec[p]
+        rec[last] = value
+    return mutate
+
+
+def _drop(path: str):
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+
+    def mutate(rec: dict) -> None:
+        for p in parents:
+            rec = rec[p]
+        del rec[last]
+    return mutate
+
+
+REFUSED = [
+    # A 401-digit integer, wherever it is: no arithmetic ever sees it.
+    (_set("eval_tokens", BIG), ("field 'eval_tokens' must be a whole number from 1 to 1,000,000,000,000 "
+                               "(found an integer of 401 digits)")),
+    (_set("barrier", BIG), "field 'barrier' must be a number (found an integer of 401 digits)"),
+    (_set("loss.3", BIG), "field 'loss' must be a list of at most 1,001 numbers (item 3 is an integer of 401 digits)"),
+    (_set("arch.d_model", BIG), ("field 'arch.d_model' must be a whole number from 0 to 1,048,576 "
+                                "(found an integer of 401 digits)")),
+    (_set("config.points", BIG), ("field 'config.points' must be a whole number from 2 to 1,001 "
+                                 "(found an integer of 401 digits)")),
+    (_set("timings.align", BIG), ("field 'timings.align' must be a finite number of at least 0 "
+                                 "(found an integer of 401 digits)")),
+    (_set("alignment.element.layers.1.mlp_perm.3", BIG),
+     ("field 'alignment.element.layers[1].mlp_perm' must be a list of at most 1,048,576 whole numbers from 0 to "
+     "1,048,576 (item 3 is an integer of 401 digits)")),
+    (_set("alignment.diagnostics.history.step.2", BIG),
+     ("field 'alignment.diagnostics.history.step' must be a list of at most 100,001 whole numbers from 0 to "
+     "1,000,000,000,000 (item 2 is an integer of 401 digits)")),
+    (_set("attribution.blocks.0.excess", BIG),
+     "field 'attribution.blocks[0].excess' must be a number (found an integer of 401 digits)"),
+    # A missing required field, at the top and inside an object a reader indexes.
+    (_drop("barrier"), "is not a result record (missing barrier)"),
+    (_drop("lambdas"), "is not a result record (missing lambdas)"),
+    (_drop("train_eval_set"), "a record with train_loss needs train_eval_set"),
+    (_drop("arch"), "a record with alignment needs arch"),
+    (_drop("alignment.element"), "field 'alignment' must be an object with element (lacks element)"),
+    (_drop("attribution.blocks.3.excess_a"),
+     "field 'attribution.blocks[3]' must be an object with block, part, excess, excess_a, excess_b (lacks excess_a)"),
+    (_drop("alignment.element.layers.2.head_perm"),
+     "field 'alignment.element.layers[2]' must be an object with head_perm, kv_perm, mlp_perm (lacks head_perm)"),
+    # A wrong type.
+    (_set("barrier", "0.5"), "field 'barrier' must be a number (found the text '0.5')"),
+    (_set("eval_tokens", True), "field 'eval_tokens' must be a whole number from 1 to 1,000,000,000,000 (found true)"),
+    (_set("eval_tokens", 2048.0), ("field 'eval_tokens' must be a whole number from 1 to 1,000,000,000,000 "
+                                  "(found 2048.0)")),
+    (_set("lambdas", {"a": 1}), ("field 'lambdas' must be a list of 2 to 1,001 finite numbers from 0 to 1 "
+                                "(found an object)")),
+    (_set("loss.2", "x"), "field 'loss' must be a list of at most 1,001 numbers (item 2 is the text 'x')"),
+    (_set("provenance", "x"), "field 'provenance' must be an object (found the text 'x')"),
+    (_set("arch", "x"), ("field 'arch' must be an object with n_layers, d_model, n_heads, n_kv_heads, d_head, d_mlp "
+                        "(found the text 'x')")),
+    (_set("classes_left_out", [1]), "field 'classes_left_out' must be an object of sentences (found a list of 1 items)"),
+    (_set("alignment.element.residual.matrix", {"0": [1.0]}),
+     "field 'alignment.element.residual.matrix' must be a list of at most 1,048,576 lists of numbers (found an object)"),
+    (_set("attribution.blocks.0.part", "ffn"), ("field 'attribution.blocks[0].part' must be all, attention or mlp "
+                                               "(found the text 'ffn')")),
+    (_set("config.eval_split", "train"), "field 'config.eval_split' must be val or test (found the text 'train')"),
+    # NaN and Infinity where a setting belongs (a measurement may hold them: see below).
+    (_set("lambdas.2", math.nan), ("field 'lambdas' must be a list of 2 to 1,001 finite numbers from 0 to 1 "
+                                  "(item 2 is NaN)")),
+    (_set("timings.align", math.inf), "field 'timings.align' must be a finite number of at least 0 (found Infinity)"),
+    (_set("attribution.lambda", -math.inf), ("field 'attribution.lambda' must be a finite number from 0 to 1 "
+                                            "(found -Infinity)")),
+    # A huge list, a huge text.
+    (_set("lambdas", [0.5] * 10**6), ("field 'lambdas' must be a list of 2 to 1,001 finite numbers from 0 to 1 "
+                                     "(found a list of 1,000,000 items)")),
+    (_set("alignment.diagnostics.sweeps", [{"sweep": 1, "objective": 0.5}] * 200_000),
+     "field 'alignment.diagnostics.sweeps' must be a list of at most 100,001 sweeps (found a list of 200,000 items)"),
+    (_set("eval_set", "x" * 20_000), "field 'eval_set' must be text of at most 10,000 characters"),
+    # Fields that disagree with each other.
+    (lambda r: r.__setitem__("loss", r["loss"][:-1]), "loss must be one number per lambda (21), not 20 values"),
+    (lambda r: r.__setitem__("train_loss", r["train_loss"][:1]), ("train_loss must be one number per lambda (21), "
+                                                                 "not 1 value")),
+]
+
+
+@pytest.mark.parametrize(("mutate", "says"), REFUSED, ids=[s[:48] for _, s in REFUSED])
+def test_a_broken_field_is_one_sentence_naming_it(dual, mutate, says):
+    mutate(dual)
+    problem = record_problem(dual, "record X")
+    assert problem is not None and says in problem, problem
+    assert problem.startswith("record X") and problem.endswith(".") and problem.count(". ") == 0
+
+
+def test_accuracy_and_the_folded_curve_are_checked_against_the_lambdas(naive):
+    assert record_problem(naive) is None
+    assert record_problem(naive | {"accuracy": naive["accuracy"][:3]}) == (
+        "record: accuracy must be null or one number per lambda (21), not 3 values.")
+    assert record_problem(naive | {"loss_folded": naive["loss_folded"] * 2}) == (
+        "record: loss_folded must be one number per lambda (21), not 42 values.")
+    assert record_problem(naive | {"accuracy_drop": None}) == (
+        "record: a record with accuracy needs a numeric accuracy_drop.")
+    assert record_problem(naive | {"accuracy_folded": [0.5, "x"]}) == (
+        "record: field 'accuracy_folded' must be a list of at most 1,001 numbers (item 1 is the text 'x').")
+
+
+@pytest.mark.parametrize("field", ["provenance", "eval_set", "alignment", "attribution", "train_loss",
+                                   "timings", "created", "config", "endpoint_check", "classes_left_out"])
+def test_a_missing_optional_field_is_still_a_record(dual, field):
+    rec = {k: v for k, v in dual.items() if k != field}
+    if field == "train_loss":  # the train curve goes as a whole (records from before it have none)
+        rec = {k: v for k, v in rec.items() if not k.startswith("train_")}
+    assert record_problem(rec) is None
+
+
+def test_every_required_field_is_named_when_missing(dual):
+    for k in RECORD_REQUIRED:
+        assert record_problem({f: v for f, v in dual.items() if f != k}) == (
+            f"record is not a result record (missing {k}).")
+    assert record_problem([1, 2]) == "record holds a JSON list, not a result record."
+
+
+def test_a_diverged_measurement_may_be_nan_a_setting_may_not(dual):
+    """What the engine writes for a run whose interpolated models overflow stays readable."""
+    loss = [*dual["loss"][:10], math.nan, *dual["loss"][11:]]
+    assert record_problem(dual | {"loss": loss, "barrier": math.nan, "midpoint_barrier": math.inf}) is None
+    assert "item 1 is NaN" in record_problem(dual | {"lambdas": [0.0, math.nan, *dual["lambdas"][2:]]})
+
+
+def test_a_record_not_yet_written_holds_tuples(dual):
+    assert record_problem(dual | {"config": dual["config"] | {"classes": ("heads", "mlp"), "extra": ()}}) is None
+
+
+def test_fields_problem_asks_for_no_field_but_checks_those_present(dual):
+    assert fields_problem({"method": "weight"}) is None
+    assert fields_problem({"arch": dual["arch"] | {"n_heads": BIG}}) == (
+        "record: field 'arch.n_heads' must be a whole number from 0 to 1,048,576 (found an integer of 401 digits).")
+
+
+def test_load_record_names_the_file_and_the_field(dual, tmp_path):
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(dual | {"eval_tokens": BIG}))
+    with pytest.raises(LMCError) as e:
+        load_record(f)
+    assert str(e.value) == (f"Result file {f}: field 'eval_tokens' must be a whole number from 1 to "
+                            "1,000,000,000,000 (found an integer of 401 digits).")
+    f.write_text(json.dumps(dual).replace('"barrier": ', '"barrier": NaN, "x": ', 1))  # NaN token, as Python writes
+    assert math.isnan(load_record(f)["barrier"])
+    f.write_text(json.dumps(dual).replace('"lambdas": [0.0', '"lambdas": [Infinity', 1))
+    with pytest.raises(LMCError, match=r"field 'lambdas' .* \(item 0 is Infinity\)\.$"):
+        load_record(f)
+
+
+def test_a_record_file_larger_than_any_record_is_refused_unread(dual, tmp_path, monkeypatch):
+    from engine import results
+
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps(dual))
+    monkeypatch.setattr(results, "MAX_RECORD_BYTES", 1000)
+    with pytest.raises(LMCError, match=rf"^Result file {f} is [\d,]+ bytes, too large"):
+        load_record(f)
+
+
+def test_the_limits_match_the_run_config():
+    assert RECORD_SCHEMA["properties"]["lambdas"]["maxItems"] == MAX_POINTS
+    assert RECORD_SCHEMA["properties"]["config"]["properties"]["points"]["maximum"] == MAX_POINTS
+
