@@ -27,6 +27,7 @@ page = st.navigation([
     connectivity,
     st.Page("app_pages/alignment.py", title="Alignment", icon=":material/compare_arrows:"),
     st.Page("app_pages/symmetry.py", title="Symmetry", icon=":material/change_circle:"),
+    st.Page("app_pages/seeds.py", title="Seeds", icon=":material/hub:"),
     st.Page("app_pages/runs.py", title="Runs", icon=":material/history:"),
 ])
 url_state.begin()
