@@ -323,6 +323,15 @@ def residual_axes(spec: Spec, with_norms: bool) -> dict[str, int]:
     return {key: axis for key, axis, a in spec.axes_of("residual") if with_norms or a.role != "norm"}
 
 
+def two_sided(spec: Spec) -> frozenset[str]:
+    """Parameters the residual map acts on along two axes, a reader's and a writer's (BERT's head.dense.W,
+    moved to Omega^T W Omega): their term of the fit is quadratic in Omega, not linear (Terms)."""
+    axes: dict[str, set[int]] = {}
+    for key, ax, _ in spec.axes_of("residual"):
+        axes.setdefault(key, set()).add(ax)
+    return frozenset(k for k, s in axes.items() if len(s) > 1)
+
+
 def _residual_rows(x: Tensor, axis: int) -> Tensor:
     X = x.movedim(axis, -1)  # [..., D]
     return X.reshape(-1, X.shape[-1])  # [N, D]
@@ -339,17 +348,29 @@ class Terms:
 
     For residual parameters ||X_A - X_B Omega||^2 = ||X_A||^2 + ||X_B||^2 - 2 tr(Omega^T X_B^T X_A), so the
     cross matrix M = sum X_B^T X_A [D, D] (float64) and the squared norms give the objective for any
-    orthogonal Omega; every other parameter adds its squared difference directly.
+    orthogonal Omega; every other parameter adds its squared difference directly. A parameter in `two`
+    (two_sided) is kept whole: ||W_A - Omega^T W_B Omega||^2 = ||W_A||^2 + ||W_B||^2 - 2 <W_A, Omega^T W_B Omega>,
+    which `objective` evaluates exactly and `linear` linearises around a given Omega, as initial_residual does
+    for the summed circuits.
     """
 
-    def __init__(self, D: int):
+    def __init__(self, D: int, two: frozenset[str] = frozenset()):
         self.M = torch.zeros(D, D, dtype=F64)
         self.sq = 0.0  # sum ||X_A||^2 + ||X_B||^2 over residual parameters
         self.rest = 0.0  # sum ||A - B||^2 over the others
+        self.two, self.pairs = two, []  # (W_A, W_B, weight) of the two-sided parameters
+
+    def copy(self) -> Terms:
+        t = Terms(self.M.shape[0], self.two)
+        t.M, t.sq, t.rest, t.pairs = self.M.clone(), self.sq, self.rest, list(self.pairs)
+        return t
 
     def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor, w: float = 1.0) -> None:
         """The terms of one parameter; a residual one weighted by `w` (ResidualFit)."""
-        if key in res:
+        if key in res and key in self.two:
+            self.pairs.append((a, b, w))
+            self.sq += w * (float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2)
+        elif key in res:
             ax = res[key]
             if a.dim() == 2 and ax == 0:  # a reader [D, n]: X^T X_A without a transposed copy
                 M = (b @ a.mT).to(F64)
@@ -366,8 +387,21 @@ class Terms:
         """The objective's rounding floor: below it, objective changes say nothing."""
         return 10 * torch.finfo(wd).eps * self.sq
 
+    def quadratic(self, O: Tensor) -> float:
+        """sum w <W_A, Omega^T W_B Omega> over the two-sided parameters."""
+        return sum(w * float((a * (O.to(a.dtype).mT @ b @ O.to(a.dtype))).sum()) for a, b, w in self.pairs)
+
+    def linear(self, O: Tensor) -> Tensor:
+        """The score [D, D] whose tr(Omega^T .) maximiser fits every term, the two-sided ones linearised at O:
+        d<W_A, Omega^T W_B Omega> = <dOmega, W_B Omega W_A^T + W_B^T Omega W_A>."""
+        S = self.M.clone()
+        for a, b, w in self.pairs:
+            Ow = O.to(a.dtype)
+            S += w * (b @ Ow @ a.mT + b.mT @ Ow @ a).to(F64)
+        return S
+
     def objective(self, O: Tensor) -> float:
-        return max(0.0, self.rest + self.sq - 2 * float((O * self.M).sum()))
+        return max(0.0, self.rest + self.sq - 2 * float((O * self.M).sum()) - 2 * self.quadratic(O))
 
 
 class ResidualFit:
@@ -442,7 +476,7 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     arch = spec.arch
     res = residual_axes(spec, perm)
     fit = ResidualFit(spec, settings or WeightSettings(), res)
-    lin = Terms(arch.d_model)
+    lin = Terms(arch.d_model, two_sided(spec))
     only = _only_residual(spec)
     for k in (k for k in res if k in only):  # a fixed order: a set's would vary with the hash seed
         fit.add(lin, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
@@ -467,14 +501,14 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             S1 += xb @ Ow @ xa.mT
             S2 += xb.mT @ Ow @ xa
         S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
-        q = float((O * lin.M).sum() + (O * S1).sum())
+        q = float((O * lin.M).sum() + (O * S1).sum()) + lin.quadratic(O)
         if progress:
             progress(steps, INIT_STEPS, f"matching the residual stream, step {steps} (of at most {INIT_STEPS})")
         if q > best_q:
             gain, best, best_q = q - best_q, O, q
         else:
             break  # the linearisation stopped paying off: keep the best Omega seen
-        O_new = solve_residual(lin.M + S1 + S2, perm)
+        O_new = solve_residual(lin.linear(O) + S1 + S2, perm)
         if (perm and any(torch.equal(O_new, P) for P in seen + [O])) or (
                 not perm and (gain <= INIT_REL_TOL * abs(q) or float((O_new - O).abs().max()) < SETTLED[wd])):
             break
@@ -528,7 +562,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     tol = REL_TOL[wd] if st.stop_tol is None else st.stop_tol
     D = arch.d_model
     outer_keys, block_keys = layer_keys(spec)
-    outer = Terms(D)  # embeddings, final norm, head: no per-layer transform touches them
+    outer = Terms(D, two_sided(spec))  # embeddings, final norm, head: no per-layer transform touches them
     for k in outer_keys:
         fit.add(outer, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
     init: dict = {}
@@ -540,9 +574,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     g = identity(arch)
     for sweep in range(max_sweeps):
         mats_o = element_maps(GroupElement((), O)) if res_kinds else {}
-        terms = Terms(D)
-        terms.M += outer.M
-        terms.sq, terms.rest = outer.sq, outer.rest
+        terms = outer.copy()
         layers = []
         for layer, keys in enumerate(block_keys):
             check(cancel, f"weight matching, sweep {sweep + 1}, layer {layer + 1}/{arch.n_layers}")
@@ -565,7 +597,7 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
                 fit.add(terms, res, k, la[k], v)
             if progress:
                 progress(layer + 1, arch.n_layers, f"sweep {sweep + 1}: layer {layer + 1}/{arch.n_layers}")
-        O_new = solve_residual(terms.M, perm_res) if res_kinds else O
+        O_new = solve_residual(terms.linear(O), perm_res) if res_kinds else O
         g = GroupElement(tuple(layers), O_new)
         f = terms.objective(O_new)
         key = torch.cat([torch.cat([el.head_perm, el.mlp_perm]) for el in layers])

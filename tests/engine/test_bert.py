@@ -374,3 +374,26 @@ def test_weight_matching_recovers_a_planted_element_of_the_pretraining_layout():
     assert max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params) < 1e-8
     x = tokens()
     assert nsp_change(a, al.model_b, x) < 1e-10
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight matching's objective on the head's dense layer, moved on both axes
+
+
+@pytest.mark.parametrize("layout", [hf_bert.CLASS, hf_bert.PRETRAINING])
+def test_weight_matching_objective_is_the_distance_of_the_returned_element_two_sided_head_included(layout):
+    from engine.align.common import prepare_pair
+    from engine.align.weight import two_sided, weight_match
+
+    a, b = random_bert(0, layout), random_bert(1, layout)
+    pair = prepare_pair(a, b, frozenset(KINDS))
+    assert two_sided(pair.spec) == {"head.dense.W"}  # the pooler reads the stream on one axis only
+    g, info = weight_match(pair, frozenset(KINDS))
+    moved_b = apply(a.arch, g, pair.params_b)
+    direct = sum(float(((pair.params_a[k] - moved_b[k]) ** 2).sum()) for k in moved_b)
+    assert abs(info["sweeps"][-1]["objective"] - direct) < 1e-9 * direct
+    # the head's term is the two-sided distance ||W_A - P^T W_B P||^2 that the objective counts
+    P = g.residual
+    W_a, W_b = pair.params_a["head.dense.W"], pair.params_b["head.dense.W"]
+    assert torch.equal(moved_b["head.dense.W"], P.T @ W_b @ P)
+    assert float(((W_a - P.T @ W_b @ P) ** 2).sum()) != pytest.approx(float(((W_a - W_b @ P) ** 2).sum()), rel=1e-3)
