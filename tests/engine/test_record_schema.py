@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+from pathlib import Path
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -223,3 +224,154 @@ def test_the_limits_match_the_run_config():
     assert RECORD_SCHEMA["properties"]["lambdas"]["maxItems"] == MAX_POINTS
     assert RECORD_SCHEMA["properties"]["config"]["properties"]["points"]["maximum"] == MAX_POINTS
 
+
+# ---------------------------------------------------------------------------------------------
+# Probes through the CLI: the store (`cache table`), the run history (`runs list`, `runs show`) and an
+# earlier --out record. A broken record never ends in "internal error": the store and `runs list`
+# skip it with one warning naming the file and the field; `runs show` and --out refuse it in one line.
+
+RUN_ID = "20261201T032634Z-a3f29c"
+STORED = "lm-learned-s0__lm-learned-s1__dual.json"  # a zoo pair: `cache table` looks it up by name
+
+PROBES = {
+    "401-digit integer": (_set("eval_tokens", BIG), "field 'eval_tokens' must be a whole number"),
+    "401-digit barrier": (_set("barrier", BIG), "field 'barrier' must be a number"),
+    "401-digit loss": (_set("loss.3", BIG), "field 'loss' must be a list of at most 1,001 numbers"),
+    "missing required field": (_drop("midpoint_barrier"), "is not a result record (missing midpoint_barrier)"),
+    "string for a number": (_set("endpoint_loss_a", "1.5"), "field 'endpoint_loss_a' must be a number"),
+    "dict for a list": (_set("loss", {"0": 1.0}), "field 'loss' must be a list"),
+    "string for an object": (_set("provenance", "cpu"), "field 'provenance' must be an object"),
+    "text for a folded curve": (lambda r: r.update(loss_folded="x", barrier_folded=0.1, midpoint_barrier_folded=0.1,
+                                                   folded_rewrite="fold_norms"), "field 'loss_folded' must be a list"),
+    "Infinity in lambdas": (_set("lambdas.1", math.inf), "field 'lambdas' must be a list of 2 to 1,001 finite"),
+    "huge list": (lambda r: r.update(lambdas=[0.0] * 10**6, loss=[1.0] * 10**6), "found a list of 1,000,000 items"),
+}
+
+
+def _write(f: Path, rec: dict) -> Path:
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(json.dumps(rec))  # Python writes NaN and Infinity as the engine does
+    return f
+
+
+@pytest.fixture
+def homes(tmp_path, monkeypatch):
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("LMC_EXPLORER_HOME", str(tmp_path / "home"))
+    return tmp_path / "store", tmp_path / "home" / "runs"
+
+
+def _kept(rec: dict) -> dict:
+    return rec | {"run": {"id": RUN_ID, "status": "done", "saved": "2026-12-01T03:26:34.000000Z"}}
+
+
+def _no_internal_error(rc: int, err: str) -> None:
+    assert rc in (0, 2) and "internal error" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_cache_table_skips_a_broken_record_with_one_warning(probe, dual, homes, capsys):
+    from engine.cli import main
+
+    mutate, says = PROBES[probe]
+    mutate(dual)
+    f = _write(homes[0] / STORED, dual)
+    rc = main(["cache", "table"])
+    out, err = capsys.readouterr()
+    _no_internal_error(rc, err)
+    lines = err.strip().splitlines()
+    assert rc == 0 and len(lines) == 1 and lines[0].startswith(f"warning: skipped a cached record: Result file {f}")
+    assert says in lines[0]
+    row = next(line for line in out.splitlines() if line.startswith("| lm-learned-s0 / lm-learned-s1 |"))
+    assert set(row.strip("| ").split(" | ")[1:]) == {"-"}  # the broken record is a "-", the table stands
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_the_run_history_skips_a_broken_run_and_refuses_to_show_it(probe, dual, shipped, homes, capsys):
+    from engine.cli import main
+
+    mutate, says = PROBES[probe]
+    mutate(dual)
+    f = _write(homes[1] / f"run-{RUN_ID}.json", _kept(dual))
+    good_id = "20261201T040000Z-00beef"
+    _write(homes[1] / f"run-{good_id}.json", _kept(shipped[DUAL.name]) | {
+        "run": {"id": good_id, "status": "done", "saved": "2026-12-01T04:00:00.000000Z"}})
+    rc = main(["runs", "list"])
+    out, err = capsys.readouterr()
+    _no_internal_error(rc, err)
+    lines = err.strip().splitlines()
+    assert rc == 0 and len(lines) == 1 and lines[0].startswith("warning: ") and str(f) in lines[0] and says in lines[0]
+    assert good_id in out and RUN_ID not in out and "1 run(s) in" in out
+    for argv in (["runs", "show", RUN_ID], ["runs", "show", RUN_ID, "--json"]):
+        rc = main(argv)
+        out, err = capsys.readouterr()
+        _no_internal_error(rc, err)
+        assert rc == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ") and str(f) in err
+        assert says in err
+
+
+def test_a_nan_measurement_is_shown_and_written_as_null(dual, homes, capsys):
+    """NaN is what the engine writes for a diverged run: shown as nan, and null in strict JSON."""
+    from engine.cli import main
+
+    _write(homes[0] / STORED, dual | {"barrier": math.nan})
+    _write(homes[1] / f"run-{RUN_ID}.json", _kept(dual | {"barrier": math.nan}))
+    assert main(["cache", "table"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"| nan / {dual['midpoint_barrier']:.3f} |" in out
+    assert main(["runs", "show", RUN_ID, "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["barrier"] is None
+
+
+@pytest.mark.parametrize("probe", PROBES)
+def test_an_earlier_out_record_that_breaks_the_schema_is_not_replaced(probe, dual, homes, tmp_path, capsys):
+    from engine.cli import main
+
+    mutate, _ = PROBES[probe]
+    mutate(dual)
+    earlier = _write(tmp_path / "earlier.json", dual)
+    before = earlier.read_bytes()
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    rc = main(["interpolate", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(earlier), "--device", "cpu"])
+    _out, err = capsys.readouterr()
+    _no_internal_error(rc, err)
+    assert rc == 2 and err == (f"error: --out {earlier} already holds a file that is not a result record of this "
+                               "tool; choose another file name (only an earlier record is replaced).\n")
+    assert earlier.read_bytes() == before
+
+
+def test_the_real_entry_point_skips_a_401_digit_record(dual, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    f = _write(tmp_path / "store" / STORED, dual | {"eval_tokens": BIG})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LMC_CACHE_DIR": str(tmp_path / "store"),
+           "LMC_EXPLORER_HOME": str(tmp_path / "home")}
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run([sys.executable, "-m", "engine", "cache", "table"], capture_output=True, text=True, env=env,
+                       cwd=root, timeout=300, check=False)
+    assert p.returncode == 0 and p.stderr.strip() == (
+        f"warning: skipped a cached record: Result file {f}: field 'eval_tokens' must be a whole number from 1 to "
+        "1,000,000,000,000 (found an integer of 401 digits).")
+
+
+def test_a_record_missing_optional_fields_is_shown_whole(dual, homes, capsys):
+    from engine.cli import main
+
+    optional = ("provenance", "eval_set", "arch", "alignment", "attribution", "timings", "created", "config",
+                "classes", "classes_left_out", "endpoint_check")
+    rec = {k: v for k, v in dual.items() if k not in optional}
+    _write(homes[0] / STORED, rec)
+    _write(homes[1] / f"run-{RUN_ID}.json", _kept(rec))
+    assert main(["cache", "table"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"| {dual['barrier']:.3f} / {dual['midpoint_barrier']:.3f} |" in out
+    assert main(["runs", "list"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and RUN_ID in out and f"{dual['barrier']:8.4f}" in out
+    assert main(["runs", "show", RUN_ID]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and f"barrier {dual['barrier']:.4f}" in out and "created -" in out
