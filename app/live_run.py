@@ -94,6 +94,7 @@ class Snapshot:
     elapsed_s: float
     message: str = ""  # why it stopped or failed
     record: dict | None = None
+    sources: dict[str, str] = field(default_factory=dict)  # phase -> "records" | "arithmetic" (api.estimate_run)
 
     @property
     def finished(self) -> bool:
@@ -106,6 +107,7 @@ class LiveRun:
 
     cfg: RunConfig
     estimates: dict[str, float | None] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # where each estimate came from (api.estimate_run)
     run: Runner = _run_pair
     alive: Callable[[], bool] | None = None  # is the owning session still connected?
     keep: Callable[[Outcome], None] | None = None  # where the run is kept when it ends (keep_in_history)
@@ -149,7 +151,7 @@ class LiveRun:
             end = self._t_end if self._t_end is not None else self.clock()
             phases = {p: self._phases[p] for p in PHASES if p in self._phases}
             return Snapshot(self.cfg, state, phases, self._current, dict(self.estimates), end - self._t0,
-                            self._message, self._record)
+                            self._message, self._record, dict(self.sources))
 
     # the worker thread
 
@@ -228,11 +230,13 @@ def current(state: MutableMapping) -> LiveRun | None:
 
 
 def start(state: MutableMapping, cfg: RunConfig, estimates: dict[str, float | None] | None = None,
-          run: Runner = _run_pair, keep: Callable[[Outcome], None] | None = keep_in_history) -> LiveRun:
-    """Start `cfg` as the session's run; a run still going is stopped first (one run per session).
-    When it ends, done, stopped or failed, `keep` keeps it (the user's run history)."""
+          run: Runner = _run_pair, keep: Callable[[Outcome], None] | None = keep_in_history,
+          sources: dict[str, str] | None = None) -> LiveRun:
+    """Start `cfg` as the session's run (its time `estimates` and their `sources`, as estimates_for
+    gives them); a run still going is stopped first (one run per session). When it ends, done,
+    stopped or failed, `keep` keeps it (the user's run history)."""
     stop(state, "stopped because a new run started")
-    live = LiveRun(cfg, dict(estimates or {}), run, alive=session_alive(), keep=keep)
+    live = LiveRun(cfg, dict(estimates or {}), dict(sources or {}), run, alive=session_alive(), keep=keep)
     state[KEY] = live.start()
     return live
 
@@ -294,6 +298,16 @@ def headline(snap: Snapshot) -> str:
         return f"Running for {took}" + (f", about {about(rest)} left" if rest is not None else "")
     return {"stopping": "Stopping…", "done": f"Done in {took}", "stopped": f"Stopped after {took}",
             "failed": "Run failed"}[snap.state]
+
+
+def estimated(snap: Snapshot) -> str | None:
+    """'Estimated before the start: about 57 s, from the run's arithmetic …' while a run goes, beside
+    its pace; None when a phase had no estimate."""
+    said = before_run(snap.estimates, snap.cfg.method, snap.sources)
+    if said is None:
+        return None
+    total, basis = said.split(" (", 1)[0], said.rsplit("), ", 1)[1]
+    return f"Estimated before the start: {total[0].lower()}{total[1:]}, {basis}"
 
 
 SOURCES = {"records": "at the pace of earlier runs of this architecture",

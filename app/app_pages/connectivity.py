@@ -121,6 +121,8 @@ def live_panel() -> None:
         unit = {"lm": " tokens", "vit": " images"}.get(task, " items") if cfg.eval_items else ""
         st.caption(f"{names.get(cfg.method, cfg.method)}: `{api.display_name(cfg.model_a)}` / "
                    f"`{api.display_name(cfg.model_b)}`, {items_label(cfg.eval_items, task)}{unit}")
+        if not snap.finished and live_run.estimated(snap):
+            st.caption(live_run.estimated(snap))
         if snap.state != "failed":  # a failed run's bars would stand still forever: the error says it all
             for _, fraction, text in live_run.phase_rows(snap):
                 st.progress(fraction, text=text)
@@ -321,13 +323,13 @@ with right, st.container(border=True):
     if clicked and run is not None and run.running:
         st.session_state[CONFIRM] = True
     elif clicked:
-        run = live_run.start(st.session_state, cfg, estimates)
+        run = live_run.start(st.session_state, cfg, estimates, sources=sources)
     if st.session_state.get(CONFIRM) and ready:
         st.warning("A run is still going: starting this one stops it.")
         yes, no = st.columns(2)
         if yes.button("Stop it, run this", key="confirm_run", width="stretch"):
             st.session_state.pop(CONFIRM)
-            run = live_run.start(st.session_state, cfg, estimates)
+            run = live_run.start(st.session_state, cfg, estimates, sources=sources)
         elif no.button("Keep it", key="keep_run", width="stretch"):
             st.session_state.pop(CONFIRM)
             st.rerun()

@@ -158,6 +158,12 @@ def test_phase_rows_and_headline_read_the_snapshot():
                                                   "the barrier lives 3 s), at the pace of earlier runs of this "
                                                   "architecture.")
     assert live_run.before_run({**est, "align": None}, "weight") is None
+    assert live_run.estimated(snap) == ("Estimated before the start: about 48 s, at the pace of earlier runs of this "
+                                        "architecture.")  # the snapshot's estimates, before the run's pace
+    arithmetic = live_run.Snapshot(cfg, "running", {}, None, est, 0.0, sources=dict.fromkeys(est, "arithmetic"))
+    assert live_run.estimated(arithmetic).endswith("about 48 s, from the run's arithmetic at this machine's measured "
+                                                   "speed.")
+    assert live_run.estimated(live_run.Snapshot(cfg, "running", {}, None, {}, 0.0)) is None
     mixed = {p: "records" for p in est} | {"align": "arithmetic"}
     assert live_run.before_run(est, "weight", mixed) == (
         "About 48 s (loading the models 1 s, measuring B before it moves 2 s, aligning B onto A 30 s, walking the "
@@ -220,6 +226,7 @@ def test_stop_button_ends_the_run_and_the_page_says_it_stopped(at):
     assert texts[1].startswith("Measuring B before it moves: done in")
     assert texts[2].startswith("Aligning B onto A: sweep ") and texts[2].endswith(" left in this sweep")
     assert texts[3].startswith("Walking the path: about ")  # no earlier run of this pair: the run's arithmetic
+    assert any(c.value.startswith("Estimated before the start: about ") for c in at.caption)
     t0 = time.monotonic()
     at.button(key="stop").click().run()
     assert run.join(STOP_S), "the run went on after Stop"
