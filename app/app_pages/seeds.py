@@ -12,6 +12,7 @@ import streamlit as st
 
 from app import downloads, exports, url_state
 from app.figures import seeds as seed_figs
+from app.figures.style import loss_unit
 from engine import api
 
 BASIS_LABELS = {"reference": "To the first model", "barycentre": "To their barycentre"}
@@ -51,11 +52,12 @@ else:
     to = st.radio("Shared basis", list(here), format_func=BASIS_LABELS.get, key="seeds_basis", horizontal=True)
     rec = here[to]
     before, after = (seed_figs.off_diagonal(rec[s]["barrier"]) for s in ("before", "after"))
+    unit = loss_unit(rec)
     c1, c2, c3 = st.columns(3)
-    c1.metric("Mean pairwise barrier, before", f"{mean(before):.3f}")
-    c2.metric("Mean pairwise barrier, after", f"{mean(after):.3f}", delta=f"{mean(after) - mean(before):+.3f}",
-              delta_color="inverse")
-    c3.metric("Triangle centroid, excess", f"{rec['triangle']['centroid']['excess']:+.3f}")
+    c1.metric(f"Mean pairwise barrier, before ({unit})", f"{mean(before):.3f}")
+    c2.metric(f"Mean pairwise barrier, after ({unit})", f"{mean(after):.3f}",
+              delta=f"{mean(after) - mean(before):+.3f}", delta_color="inverse")
+    c3.metric(f"Triangle centroid, excess ({unit})", f"{rec['triangle']['centroid']['excess']:+.3f}")
     charts.show(seed_figs.barrier_heatmaps(rec), key="seeds_barriers")
     charts.show(seed_figs.triangle(rec), key="seeds_triangle")
     al, ex = rec["alignment"], rec["exactness"]
