@@ -228,8 +228,9 @@ def test_side_by_side_offers_its_downloads(tiny_env, downloads):
     side_view()
     assert {"symmetry_side_left_json", "symmetry_side_left_md", "symmetry_side_right_json", "symmetry_side_right_md",
             "symmetry_side_figures"} <= set(downloads)
-    assert downloads["symmetry_side_left_md"][1] == "lm-rope-s0__symmetry.md"
-    assert downloads["symmetry_side_right_json"][1] == "GPT-2_small__symmetry.json"
+    left, right = "lm-rope-s0", "GPT-2_small"
+    assert downloads["symmetry_side_left_md"][1] == f"{left}__symmetry.md"
+    assert downloads["symmetry_side_right_json"][1] == f"{right}__symmetry.json"
     md = downloads["symmetry_side_left_md"][0].decode()
     assert md.startswith("# Symmetry report: lm-rope-s0\n") and "\nlm-rope-s0 (reference)" in md
     assert json.loads(downloads["symmetry_side_right_json"][0])["model"] == "config"
