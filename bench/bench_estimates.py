@@ -1,4 +1,4 @@
-"""Calibrate the arithmetic time estimate (engine.progress.arithmetic_seconds).
+"""Calibrate the arithmetic time estimate (engine.timing.arithmetic_seconds).
 
     .venv/bin/python bench/bench_estimates.py [--store cached_results] [--repeats 3]
 
@@ -16,7 +16,7 @@ anchor measured now and the rest from the records:
    measured both ways: the ratio of its fresh to its store efficiency corrects the store's
    optimisation efficiency for how far the speeds the paths imply are off.
 
-Prints the constants engine/progress.py takes (medians), their spread, and how far the arithmetic
+Prints the constants engine/timing.py takes (medians), their spread, and how far the arithmetic
 with them lands from each kind of timing (predicted over measured seconds, min - max).
 """
 
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from engine.attribution import items as attribution_items
-from engine.progress import (
+from engine.timing import (
     align_flops,
     attribution_evaluations,
     forward_flops,

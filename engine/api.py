@@ -62,16 +62,8 @@ from engine.history import compare as compare_runs  # noqa: F401
 from engine.history import finished as run_finished  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401
 from engine.memory import return_freed_memory  # noqa: F401
-from engine.progress import (  # noqa: F401
-    PHASES,
-    Update,
-    estimate_run,
-    estimate_seconds,
-    fmt_seconds,
-    pace,
-    reference_gflops,
-    remaining_seconds,
-)
+from engine.progress import PHASES, Update, fmt_seconds, pace, relabel, remaining_seconds  # noqa: F401
+from engine.timing import estimate_run, estimate_seconds, naive_paths, reference_gflops  # noqa: F401
 from engine.zoo import manifest as zoo_manifest  # noqa: F401
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -304,8 +296,6 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
     trim_freed_memory()  # the alignment's freed scratch goes back before the path model is built
-    from engine.progress import naive_paths, relabel
-
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),
@@ -573,8 +563,6 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     del a
     al = align(lifted, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
                cancel=cancel, **run_options(cfg.extra))
-    from engine.progress import naive_paths, relabel
-
     n_paths = naive_paths(b.arch) if cfg.method == "naive" else 1
     tick = phases.phase("interpolate", n_paths * cfg.points)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),

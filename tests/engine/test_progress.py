@@ -1,4 +1,4 @@
-"""Honest time (engine.progress): the machine's measured speed, estimates scaled by it, the run's own
+"""Honest time (engine.timing, engine.progress): the machine's measured speed, estimates scaled by it, the run's own
 arithmetic where no record tells, and the remaining time refined from the run's pace."""
 
 from __future__ import annotations
@@ -6,20 +6,12 @@ from __future__ import annotations
 import pytest
 from ref_models import random_model, tiny
 
-from engine import progress
+from engine import timing
 from engine.api import run_pair
 from engine.models import save_model
-from engine.progress import (
-    PHASES,
-    Update,
-    arithmetic_seconds,
-    estimate_run,
-    estimate_seconds,
-    forward_flops,
-    pace,
-    remaining_seconds,
-)
+from engine.progress import PHASES, Update, pace, remaining_seconds
 from engine.results import RunConfig
+from engine.timing import arithmetic_seconds, estimate_run, estimate_seconds, forward_flops
 
 ARCH = {"family": "reference", "task": "lm", "n_layers": 2, "d_model": 32, "n_heads": 4, "n_kv_heads": 4,
         "d_head": 8, "d_mlp": 128, "n_out": 256, "n_ctx": 16, "pe": "learned", "mlp": "gelu", "causal": True,
@@ -36,16 +28,16 @@ def record(method, timings, gflops=None, items=1000, points=21, steps=0, arch=AR
 
 def test_the_reference_is_measured_once_per_process_until_refreshed(monkeypatch):
     calls = []
-    monkeypatch.setattr(progress, "_rates", {})
-    monkeypatch.setattr(progress, "_measure_gflops", lambda device: calls.append(device) or 10.0 * len(calls))
-    assert progress.reference_gflops("cpu") == 10.0
-    assert progress.reference_gflops("cpu") == 10.0 and calls == ["cpu"]  # memoised
-    assert progress.reference_gflops("cpu", refresh=True) == 20.0 and calls == ["cpu", "cpu"]
-    assert progress.reference_gflops("cpu") == 20.0
+    monkeypatch.setattr(timing, "_rates", {})
+    monkeypatch.setattr(timing, "_measure_gflops", lambda device: calls.append(device) or 10.0 * len(calls))
+    assert timing.reference_gflops("cpu") == 10.0
+    assert timing.reference_gflops("cpu") == 10.0 and calls == ["cpu"]  # memoised
+    assert timing.reference_gflops("cpu", refresh=True) == 20.0 and calls == ["cpu", "cpu"]
+    assert timing.reference_gflops("cpu") == 20.0
 
 
 def test_the_reference_measures_a_real_product():
-    t = progress._measure_gflops("cpu")
+    t = timing._measure_gflops("cpu")
     assert 0.01 < t < 1e5  # GFLOP/s of a float32 [512, 512] product on any CPU, loaded or not
 
 
@@ -70,7 +62,7 @@ def test_the_arithmetic_estimates_an_architecture_without_records():
     assert all(v > 0 for v in est.values())
     calc = arithmetic_seconds("learned", ARCH, 1000, 21, 400, rate)
     f = forward_flops(ARCH)
-    assert calc["measure B"] == pytest.approx(1000 * f / (rate * 1e9 * progress.EFFICIENCY["evaluate"]))
+    assert calc["measure B"] == pytest.approx(1000 * f / (rate * 1e9 * timing.EFFICIENCY["evaluate"]))
     twice = arithmetic_seconds("learned", ARCH, 1000, 42, 400, rate)
     assert twice["interpolate"] == pytest.approx(2 * calc["interpolate"])  # linear in the points
     steps = [arithmetic_seconds("learned", ARCH, 1000, 21, s, rate)["align"] for s in (100, 200, 300)]
@@ -119,7 +111,7 @@ def pair(tmp_path_factory):
 
 
 def test_a_record_keeps_the_machine_s_speed_as_it_ran(pair, monkeypatch):
-    monkeypatch.setattr(progress, "_measure_gflops", lambda device: 12.345)
+    monkeypatch.setattr(timing, "_measure_gflops", lambda device: 12.345)
     rec = run_pair(RunConfig(*pair, "naive", points=3, eval_items=64), train_curve=False, attribution=False)
     assert rec["provenance"]["reference_gflops"] == 12.35
-    assert progress.record_gflops(rec) == 12.35
+    assert timing.record_gflops(rec) == 12.35
