@@ -360,6 +360,10 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
                     qk(lambda i: random_orthogonal(d, hkv, gen)), ""))
     if arch.qk_norm:
         out += _qk_norm_breaks(arch, params, gen)
+    if arch.post_norm:  # the stream norms' gains break any non-permutation map (docs/MATH.md section 9)
+        O = random_orthogonal(arch.d_model, 1, gen)[0]
+        out.append(("residual_orth_post_norm", f"a random rotation of O({arch.d_model}) on a post-norm stream", arch,
+                    act(GroupElement(e.layers, O)), ""))
     try:
         a2, p2, note = _residual_ready(arch, params)
         M = random_gl(arch.d_model, 1, gen)[0]  # [D, D] not orthogonal: norms do not commute with it

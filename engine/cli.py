@@ -166,7 +166,8 @@ def _is_record(f: Path) -> bool:
         with open(f, "rb") as fh:
             if fh.read(1) != b"{":
                 return False
-        if read_json_object(f, max_bytes=None).get("kind") in ("loss_plane", "multi"):  # `plane --out`, `multi --out`
+        kind = read_json_object(f, max_bytes=None).get("kind")
+        if kind in ("loss_plane", "multi", "representation"):  # plane, multi, an encoder's align (engine.represent)
             return True
         load_record(f)
     except (OSError, LMCError):
@@ -313,11 +314,36 @@ def _learned_extra(args) -> tuple[tuple[str, str], ...]:
     return extra
 
 
+def _encoders(args, method: str, device: str) -> bool:
+    """A pair of encoders without a head has no loss: compare its hidden states along the path instead
+    (engine.represent), print them and write the record; False for any other pair."""
+    import torch
+
+    from engine.models.io import write_json_atomic
+    from engine.represent import encoder_pair, format_record, represent_pair
+
+    if not encoder_pair(args.model_a, args.model_b):
+        return False
+    if getattr(args, "save_merged", None) is not None or args.path != "weights" or args.offload:
+        raise LMCError("--save-merged, --path circuits and --offload apply to loss paths; an encoder without a head "
+                       "gets the representation comparison alone.")
+    rec = represent_pair(args.model_a, args.model_b, method, tuple(getattr(args, "classes", None) or ()),
+                         args.points, args.split, args.eval_items, getattr(args, "seed", 0),
+                         getattr(torch, args.dtype), device=device)
+    print(format_record(rec))
+    if args.out and _rank_zero():
+        write_json_atomic(Path(args.out), rec, allow_nan=False)
+        print(f"wrote {args.out}")
+    return True
+
+
 def cmd_interpolate(args) -> None:
     from engine.api import run_pair
     from engine.resources import check_run, describe
 
     _, device = _check_pair_args(args)
+    if _encoders(args, "naive", device):
+        return
     cfg = _run_config(args, "naive", device)
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
     bars = _progress_bar("interpolate")
@@ -358,6 +384,8 @@ def cmd_align(args) -> None:
 
     _check_steps(args)
     _, device = _check_pair_args(args)
+    if _encoders(args, args.method, device):
+        return
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads

@@ -16,7 +16,7 @@ from engine.groups import group_dimension, sinusoidal_spectrum
 from engine.models import arch_from_config, canonical, load_model
 from engine.models.base import Arch, Model
 from engine.models.io import read_json_object
-from engine.spec import KINDS, Spec, build_spec, check_arch
+from engine.spec import Spec, arch_kinds, build_spec, check_arch
 
 __all__ = ["format_report", "plain_statement", "symmetry_report"]
 
@@ -62,7 +62,7 @@ def symmetry_report(model_or_config_path, dims_only: bool = False, k: int = 3, s
             reference_model.cache_clear()  # a float64 copy of a big model is not worth keeping around
     else:
         check_arch(arch)
-        kinds = [kk for kk in KINDS if kk != "mlp_scale" or arch.mlp in ("relu", "swiglu")]
+        kinds = list(arch_kinds(arch))  # a post-norm stream has no rotations (docs/MATH.md section 9)
         rep |= {"kinds": kinds, "approximate": ["residual_orth", "residual_perm"] if arch.pe == "sinusoidal" else [],
                 "requires": {}}
     rep["group_dim"] = group_dimension(arch)

@@ -127,6 +127,9 @@ def layernorm_to_rmsnorm_(arch: Arch, params: Params) -> tuple[Arch, Params]:
     if arch.pe == "sinusoidal":
         raise SpecError("A LayerNorm model with fixed sinusoidal PE cannot be rewritten as RMSNorm: the "
                         "sinusoidal table is a residual writer whose rows are not centred and cannot be changed.")
+    if arch.post_norm:
+        raise SpecError("A post-LayerNorm model cannot be rewritten as RMSNorm: its norms sit in the residual "
+                        "stream itself, not in front of readers (docs/MATH.md section 9).")
     build_spec(arch, params)
     D = arch.d_model
     p = dict(params)

@@ -21,7 +21,7 @@ Three layouts (`LAYOUTS`, chosen by the directory's `architectures`):
   the loss stays the masked-LM loss, `nsp_logits` gives the other output;
 - BertModel (no head, `Arch.head_bias` False: `is_encoder`): the output has no vocabulary, so `logits` gives a
   basis-free one, the Gram matrix of the last hidden states (and the pooled vector when there is a pooler),
-  which the symmetry checks compare; there is no loss, and `representation_path` compares the hidden states
+  which the symmetry checks compare; there is no loss, and engine.represent compares the hidden states
   along a path instead (docs/MATH.md section 9).
 Other BERT heads are refused by name. Saved with `save_pretrained`, so a saved directory is an ordinary HF
 checkpoint.
@@ -132,8 +132,25 @@ def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
     if len(archs) != 1 or archs[0] not in LAYOUTS:
         raise ModelError(f"Model directory {path} holds {', '.join(map(str, archs))}; of BERT the engine reads "
                          f"{', '.join(LAYOUTS)} checkpoints only.")
-    module = nat.load_hf(_class(archs[0]), path, dtype, MODEL_TYPE, DISPLAY)
+    module = nat.load_hf(_class(_stored_layout(path, archs[0])), path, dtype, MODEL_TYPE, DISPLAY)
     return wrap(module, name=path.name, path=path, source=f"Model directory {path}")
+
+
+def _stored_layout(path: Path, named: str) -> str:
+    """The layout to read: the named one, except a masked LM whose weights also hold the next-sentence head
+    (bert-base names BertForMaskedLM but stores the pre-training heads), read as BertForPreTraining."""
+    from safetensors import safe_open
+
+    if named != CLASS:
+        return named
+    try:
+        for f in sorted(path.glob("*.safetensors")):
+            with safe_open(str(f), "pt") as fh:  # the header only
+                if "cls.seq_relationship.weight" in fh.keys():  # noqa: SIM118 - a handle, not a dict
+                    return PRETRAINING
+    except (OSError, ValueError, RuntimeError):  # a broken file: load_hf names the problem
+        pass
+    return named
 
 
 def save(model: Model, path: Path) -> None:

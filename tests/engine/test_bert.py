@@ -15,7 +15,7 @@ import torch
 
 from engine.align.run import align
 from engine.classes import choose_classes
-from engine.errors import ModelError, SpecError
+from engine.errors import LMCError, ModelError, SpecError
 from engine.interpolate import interpolate
 from engine.models import arch_from_config, canonical, hf_bert, model_logits, set_canonical
 from engine.spec import build_spec
@@ -397,3 +397,111 @@ def test_weight_matching_objective_is_the_distance_of_the_returned_element_two_s
     W_a, W_b = pair.params_a["head.dense.W"], pair.params_b["head.dense.W"]
     assert torch.equal(moved_b["head.dense.W"], P.T @ W_b @ P)
     assert float(((W_a - P.T @ W_b @ P) ** 2).sum()) != pytest.approx(float(((W_a - W_b @ P) ** 2).sum()), rel=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoders without a head (BertModel): the symmetry report and a representation comparison
+
+
+@pytest.fixture(scope="module")
+def encoder_dirs(tmp_path_factory):
+    """A BertModel, the same encoder moved by a planted element, and an independent one, saved as directories."""
+    root = tmp_path_factory.mktemp("encoders")
+    a = random_bert(0, hf_bert.ENCODER)
+    dirs = {"a": root / "a", "planted": root / "planted", "other": root / "other"}
+    hf_bert.save(a, dirs["a"])
+    hf_bert.save(moved(a, sample(a.arch, KINDS, seed=5)), dirs["planted"])
+    hf_bert.save(random_bert(1, hf_bert.ENCODER), dirs["other"])
+    return dirs
+
+
+def test_an_encoder_s_symmetry_report_holds_every_kind_exactly_and_breaks_a_rotation(encoder_dirs):
+    from engine.report import format_report, symmetry_report
+
+    rep = symmetry_report(encoder_dirs["a"])
+    assert rep["kinds"] == list(KINDS) and "head.dense.W" not in canonical(hf_bert.load(encoder_dirs["a"]))
+    checks = {r["group"]: r["max_rel_change"] for r in rep["checks"]}
+    assert set(KINDS) <= set(checks) and max(checks.values()) < 1e-10  # the Gram output and the pooled vector
+    breaks = {r["group"]: r["max_rel_change"] for r in rep["breaks"]}
+    assert breaks["residual_orth_post_norm"] > 1e-3 and breaks["mlp_scale_nonhomogeneous"] > 1e-3
+    assert rep["group_dim"]["by_kind"]["residual_orth"] == 0
+    assert "residual_orth_post_norm" in format_report(rep)
+    dims = symmetry_report(encoder_dirs["a"], dims_only=True)  # from the config alone: no rotation kind either
+    assert dims["kinds"] == list(KINDS)
+
+
+def test_the_encoder_s_output_is_basis_free_but_its_hidden_states_are_not(encoder_dirs):
+    a, b = hf_bert.load(encoder_dirs["a"], F64), hf_bert.load(encoder_dirs["planted"], F64)
+    x = tokens()
+    with torch.no_grad():
+        assert rel_change(a, b, x) < 1e-10
+        ha, hb = hf_bert.hidden(a, x), hf_bert.hidden(b, x)
+        assert float((ha - hb).abs().max()) > 1e-2  # the stream is permuted ...
+        assert float((ha.sort(-1).values - hb.sort(-1).values).abs().max()) < 1e-10  # ... and only permuted
+
+
+def test_linear_cka_ignores_orthogonal_maps_and_scale_and_sees_other_features():
+    from engine.represent import linear_cka
+
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 16, generator=g, dtype=F64)
+    R = random_orthogonal(16, 1, g)[0]
+    assert abs(linear_cka(X, 3.0 * X @ R) - 1) < 1e-12
+    assert linear_cka(X, torch.randn(200, 16, generator=g, dtype=F64)) < 0.3
+
+
+def test_an_encoder_pair_is_compared_by_its_hidden_states_along_the_path(encoder_dirs):
+    from engine.errors import DataError
+    from engine.evaluate import eval_set_for
+    from engine.represent import UNIT, represent_pair
+
+    kw = {"points": 5, "max_tokens": 1024, "dtype": F64}
+    rec = represent_pair(encoder_dirs["a"], encoder_dirs["planted"], "weight", **kw)
+    r = rec["representation"]
+    assert rec["kind"] == "representation" and r["unit"] == UNIT == "1 - cosine similarity (dimensionless)"
+    assert r["lambdas"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert r["representation_barrier"] < 1e-10 and min(r["cka_a"] + r["cka_b"]) > 1 - 1e-10  # one function
+    naive = represent_pair(encoder_dirs["a"], encoder_dirs["planted"], "naive", **kw)["representation"]
+    assert naive["feature_cosine"][0] == naive["feature_cosine"][-1] == pytest.approx(1.0, abs=1e-12)
+    assert naive["representation_barrier"] > 0.05 and naive["barrier_lambda"] not in (0.0, 1.0)
+    assert naive["cka_endpoints"] == pytest.approx(1.0, abs=1e-10)  # CKA ignores the permutation itself
+    other = {m: represent_pair(encoder_dirs["a"], encoder_dirs["other"], m, **kw)["representation"]
+             for m in ("naive", "weight")}  # two independent encoders: weight matching lowers the barrier
+    assert 0 < other["weight"]["representation_barrier"] < other["naive"]["representation_barrier"]
+    with pytest.raises(LMCError, match="learned optimises the loss along the path"):
+        represent_pair(encoder_dirs["a"], encoder_dirs["other"], "learned", **kw)
+    with pytest.raises(DataError, match="encoder without a head .*compares its hidden states"):
+        eval_set_for(hf_bert.load(encoder_dirs["a"]))  # every loss view (the app's included) says so
+
+
+def test_the_cli_align_prints_the_representation_barrier_and_writes_its_record(encoder_dirs, tmp_path, capsys):
+    import json
+
+    from engine.cli import main
+
+    out = tmp_path / "rec.json"
+    argv = ["align", str(encoder_dirs["a"]), str(encoder_dirs["planted"]), "--method", "weight", "--points", "3",
+            "--eval-items", "512", "--dtype", "float64", "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "weight: representation barrier 0.000000 (1 - cosine similarity (dimensionless))" in text
+    rec = json.loads(out.read_text())
+    assert rec["representation"]["unit"] == "1 - cosine similarity (dimensionless)" and len(rec["representation"]["lambdas"]) == 3
+    assert main(argv) == 0  # an earlier representation record is replaced
+    assert main(["align", str(encoder_dirs["a"]), str(encoder_dirs["planted"]), "--method", "dual"]) == 2
+    assert "dual optimises the loss along the path" in capsys.readouterr().err
+
+
+def test_a_masked_lm_directory_storing_the_pretraining_heads_is_read_as_pretraining(tmp_path):
+    import json
+
+    from engine.models import load_model
+
+    m = random_bert(layout=hf_bert.PRETRAINING)
+    hf_bert.save(m, tmp_path / "bert-base")
+    cfg = json.loads((tmp_path / "bert-base" / "config.json").read_text())
+    (tmp_path / "bert-base" / "config.json").write_text(json.dumps({**cfg, "architectures": [hf_bert.CLASS]}))
+    back = load_model(tmp_path / "bert-base", dtype=F64)
+    assert type(back.module).__name__ == hf_bert.PRETRAINING
+    with torch.no_grad():
+        assert torch.equal(hf_bert.nsp_logits(back, tokens()), hf_bert.nsp_logits(m, tokens()))
