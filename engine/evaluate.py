@@ -28,7 +28,7 @@ from engine.data import (
     split_text,
 )
 from engine.errors import DataError, LMCError
-from engine.models import Model, model_logits
+from engine.models import Model, hf_bert, model_logits
 from engine.models.base import Arch
 from engine.progress import Progress
 
@@ -134,10 +134,8 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
     if model.arch.task == "vit":
         return vit_eval_set(split, max_items)
     if is_masked_lm(model.arch):
-        if not model.arch.head_bias:  # a BERT encoder without a head: no loss (engine.represent)
-            from engine.represent import no_loss
-
-            raise DataError(no_loss(model.name or str(model.path)))
+        if hf_bert.is_encoder(model.arch):  # no head, no loss: engine.represent compares hidden states
+            raise DataError(hf_bert.no_loss(model.name or str(model.path)))
         return mlm_eval_set_for(model, split, max_items)
     tok = tokenizer_for(model)
     if tok is not None and tok.vocab_size > model.arch.n_out:

@@ -38,13 +38,6 @@ def is_encoder(arch: Arch) -> bool:
     return arch.family == "hf_bert" and enc(arch)
 
 
-def no_loss(name: str) -> str:
-    """The one sentence every loss-based view gives for an encoder without a head."""
-    return (f"Model {name} is a BERT encoder without a head (BertModel), so it has no loss to walk a path on; "
-            "`python -m engine align A B` compares its hidden states along the path instead (docs/MATH.md "
-            "section 9).")
-
-
 def encoder_pair(model_a: str | Path, model_b: str | Path) -> bool:
     """Whether a pair is of encoders without a head, from the configs; False for a pair engine.api.check_pair
     refuses, whose loss path then names the problem as for any pair."""

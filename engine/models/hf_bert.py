@@ -66,6 +66,13 @@ def is_encoder(a: Arch) -> bool:
     return a.post_norm and not a.head_bias
 
 
+def no_loss(name: str) -> str:
+    """The one sentence every loss-based view gives for an encoder without a head (engine.represent)."""
+    return (f"Model {name} is a BERT encoder without a head (BertModel), so it has no loss to walk a path on; "
+            "`python -m engine align A B` compares its hidden states along the path instead (docs/MATH.md "
+            "section 9).")
+
+
 def arch(config: BertConfig, source: str = "BERT config", layout: str | None = None) -> Arch:
     """The architecture summary of `layout` (default: the config's own, layout_of); refuses BERT options the
     canonical layout cannot express."""
