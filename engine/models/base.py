@@ -25,7 +25,9 @@ the `Params` dict that symmetry specs, group actions and aligners work on (docs/
 Post-norm encoders (BERT, docs/MATH.md section 9) add embed.segment [n_types, D] (token types) and
 embed.norm.g / .b [D] (the norm of the embedding sum); norm1 and norm2 are the norms after the attention
 and MLP adds; there is no norm_f, and the masked-LM head is head.dense.W [D, D], head.dense.b [D],
-head.norm.g / .b [D] before the decoder (tied to embed.tok) and its bias head.b [n_out].
+head.norm.g / .b [D] before the decoder (tied to embed.tok) and its bias head.b [n_out]; the pre-training
+layout adds the pooler head.pool.W [D, D], head.pool.b [D] and the next-sentence head head.nsp.W [D, 2],
+head.nsp.b [2]; an encoder without a head (BertModel) has none of the head.dense / head.norm / head.b keys.
 
 Biases are present exactly when the architecture has them. Conversion is linear, so interpolating
 in native or canonical coordinates is the same path.
