@@ -8,36 +8,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from plotly_json import chart
+from plotly_json import chart, curves, summary
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
 from app import live_run
 from app.figures import path as path_figs
 from app.figures import style
-from app.sidebar import methods
+from app.sidebar import methods, pair_key
 from engine import zoo
-from engine.results import CACHE, cached_record, list_cached
+from engine.results import CACHE, cache_file, cached_record, list_cached
 
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 NAIVE = methods()["naive"]  # legend name of the baseline curve, from the engine's registry
 TIMEOUT = 60  # generous: the first run imports torch, and the machine's cores may be busy training
-
-
-def curves(fig: dict) -> dict[str, list[float]]:
-    """Legend name -> y values of the path curves (chords and barrier bars carry no legend entry; the
-    legend's key to chord and barrier is no curve)."""
-    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True) and t.get("legendgroup") != "key"}
-
-
-def summary(at: AppTest) -> dict[str, dict]:
-    """The table under the chart, by curve name."""
-    df = at.dataframe[0].value
-    return {row["curve"]: row for row in df.to_dict("records")}
-
-
-def key(pair) -> str:
-    return f"{pair[0]}__{pair[1]}"
 
 
 def page() -> AppTest:
@@ -56,7 +40,7 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
     at = page()
     assert not at.exception
     assert at.title[0].value == "Connectivity"
-    assert at.selectbox(key="pair").value == key(zoo.pairs()[0]) == key(CACHED_PAIRS[0])
+    assert at.selectbox(key="pair").value == pair_key(*zoo.pairs()[0]) == pair_key(*CACHED_PAIRS[0])
     a, b = CACHED_PAIRS[0]
     naive, weight = cached_record(a, b, "naive", store), cached_record(a, b, "weight", store)
     names = methods()
@@ -89,7 +73,7 @@ def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
 def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
     _, store = tiny_env
     at = page()
-    at.selectbox(key="pair").select(key(CACHED_PAIRS[1])).run()
+    at.selectbox(key="pair").select(pair_key(*CACHED_PAIRS[1])).run()
     assert not at.exception
     rec = cached_record(*CACHED_PAIRS[1], "naive", store)
     assert curves(chart(at, "barrier_chart"))[NAIVE] == pytest.approx(rec["loss"], abs=0)
@@ -102,7 +86,7 @@ def test_switching_to_a_vit_pair_adds_the_accuracy_panel(tiny_env):
 
 def test_uncached_pair_says_so_and_run_draws_a_live_curve(tiny_env):
     at = page()
-    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    at.selectbox(key="pair").select(pair_key(*UNCACHED_PAIR)).run()
     assert not at.exception
     assert "Nothing is cached" in at.info[0].value
     assert not at.get("plotly_chart")
@@ -231,7 +215,7 @@ def test_a_corrupt_cached_record_is_skipped_with_a_warning(tiny_env, monkeypatch
     _, store = tiny_env
     broken = tmp_path / "store"
     shutil.copytree(store, broken)
-    (broken / f"{key(CACHED_PAIRS[0])}__naive.json").write_text("{not json")
+    cache_file(*CACHED_PAIRS[0], "naive", broken).write_text("{not json")
     monkeypatch.setenv("LMC_CACHE_DIR", str(broken))
     at = page()
     assert not at.exception and not at.error
@@ -254,7 +238,7 @@ def test_committed_cached_results_are_what_the_page_draws(monkeypatch):
     rows = {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}
     pair = next(p for p in zoo.pairs() if p in rows)
     at = page()
-    at.selectbox(key="pair").select(key(pair)).run()
+    at.selectbox(key="pair").select(pair_key(*pair)).run()
     assert not at.exception
     fig = chart(at, "barrier_chart")
     methods = sorted(r["method"] for r in list_cached(CACHE) if (r["model_a"], r["model_b"]) == pair)

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
 from app import live_run
+from app.sidebar import pair_key
 from engine.errors import DataError
 from engine.progress import PHASES, Update
 from engine.results import RunConfig
@@ -19,10 +20,6 @@ from engine.results import RunConfig
 APP = str(Path(__file__).resolve().parents[2] / "app" / "streamlit_app.py")
 TIMEOUT = 60
 STOP_S = 2.0  # a stopped run must end within this (one evaluation batch of the tiny models is far less)
-
-
-def key(pair) -> str:
-    return f"{pair[0]}__{pair[1]}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +205,7 @@ def wait_for(run: live_run.LiveRun, phase: str, done: int = 1, says: str = "") -
 
 def start_long_run(at: AppTest) -> live_run.LiveRun:
     """Weight matching on the uncached tiny pair: random weights take many sweeps, seconds of work."""
-    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    at.selectbox(key="pair").select(pair_key(*UNCACHED_PAIR)).run()
     at.selectbox(key="method").select("weight").run()
     at.button(key="run").click().run()
     assert not at.exception
@@ -282,12 +279,12 @@ def test_the_time_a_run_takes_is_said_before_it_starts(at):
     at.selectbox(key="method").select("dual").run()  # no cached dual record of this architecture: the arithmetic
     assert any(c.value.startswith("About ") and c.value.endswith(
         "; aligning B onto A from the run's arithmetic at this machine's measured speed.") for c in at.caption)
-    assert key(CACHED_PAIRS[0]) == at.selectbox(key="pair").value
+    assert pair_key(*CACHED_PAIRS[0]) == at.selectbox(key="pair").value
 
 
 def test_a_pair_without_any_earlier_run_is_estimated_from_its_arithmetic(at, monkeypatch, tmp_path):
     monkeypatch.setenv("LMC_EXPLORER_HOME", str(tmp_path))  # an empty run history: no kept run of this architecture
-    at.selectbox(key="pair").select(key(UNCACHED_PAIR)).run()
+    at.selectbox(key="pair").select(pair_key(*UNCACHED_PAIR)).run()
     at.selectbox(key="method").select("learned").run()
     said = [c.value for c in at.caption if c.value.startswith("About ")]
     assert len(said) == 1 and said[0].endswith("), from the run's arithmetic at this machine's measured speed.")

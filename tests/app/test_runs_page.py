@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from plotly_json import chart
+from plotly_json import chart, curves
 from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
@@ -56,10 +56,6 @@ def table_ids(at: AppTest) -> list[str]:
 def label(at: AppTest, run_id: str) -> str:
     """How the page names a run: its entry in the compare picker (whose options follow the table)."""
     return at.multiselect(key="runs_compare").options[table_ids(at).index(run_id)]
-
-
-def curves(fig: dict) -> dict[str, list[float]]:
-    return {t["name"]: list(t["y"]) for t in fig["data"] if t.get("showlegend", True) and t.get("legendgroup") != "key"}
 
 
 def test_an_empty_history_says_where_runs_will_appear(home):

@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from plotly_json import chart
+from path_records import LAMBDAS, lm_record, vit_record
+from plotly_json import chart, summary
 from streamlit.testing.v1 import AppTest
-from test_figures import LAMBDAS, lm_record, vit_record
 from tiny_zoo import CACHED_PAIRS
 
 from app.figures import path as path_figs
@@ -120,10 +120,6 @@ def test_compared_runs_of_one_method_draw_train_curves_in_their_run_s_colour():
 
 def page() -> AppTest:
     return AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-
-
-def summary(at: AppTest) -> dict[str, dict]:
-    return {row["curve"]: row for row in at.dataframe[0].value.to_dict("records")}
 
 
 def test_connectivity_draws_each_method_s_train_curve_with_a_toggle_and_a_table_column(tiny_env):

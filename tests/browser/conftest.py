@@ -1,15 +1,13 @@
 """Real-browser fixtures (recipe: docs/DESIGN.md section 10): one streamlit server per session on a free
 127.0.0.1 port, and Debian's Chromium driven by Playwright (never `playwright install`)."""
 
-import importlib.util
 import os
-from pathlib import Path
 
 import pytest
+import tiny_zoo
 
 from tests.browser.server import serve
 
-ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",  # tests run as root
@@ -31,12 +29,9 @@ def _store_env(tmp_path_factory) -> dict[str, str]:
 
     if tuple(zoo.pairs()[0]) in {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}:
         return {"LMC_CACHE_DIR": str(CACHE), "LMC_ZOO_DIR": str(zoo.ZOO)}
-    spec = importlib.util.spec_from_file_location("tiny_zoo", ROOT / "tests" / "app" / "tiny_zoo.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    zoo_dir = tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
+    zoo_dir = tiny_zoo.build_zoo(tmp_path_factory.mktemp("zoo"))
     store = tmp_path_factory.mktemp("cached_results")
-    tiny.build_store(zoo_dir, store)
+    tiny_zoo.build_store(zoo_dir, store)
     return {"LMC_CACHE_DIR": str(store), "LMC_ZOO_DIR": str(zoo_dir)}
 
 

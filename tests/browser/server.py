@@ -1,5 +1,5 @@
 """One Streamlit server of the app for browser tests: a free port, healthy before use, stopped (its own
-process group only) on exit."""
+process group only) on exit; and the wait for a page's script run to finish."""
 
 from __future__ import annotations
 
@@ -58,3 +58,8 @@ def serve(env: dict[str, str], log: Path) -> Iterator[tuple[str, subprocess.Pope
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def wait_idle(page) -> None:
+    """Until Streamlit's 'Running...' indicator is gone: the script run has finished."""
+    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")

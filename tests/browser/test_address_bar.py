@@ -8,14 +8,11 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from engine import zoo
+from tests.browser.server import wait_idle
 
 pytestmark = pytest.mark.e2e
 
 SHOTS = __import__("pathlib").Path(__file__).resolve().parents[2] / "bench" / "screenshots"
-
-
-def wait_idle(page):
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
 def query(page) -> dict[str, str]:

@@ -9,15 +9,13 @@ import json
 import numpy as np
 import pytest
 
+from tests.browser.server import wait_idle
+
 pytestmark = pytest.mark.e2e
 
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 EXC = '[data-testid="stException"]'
 ERROR = '[data-testid="stAlertContentError"]'
-
-
-def wait_idle(page):
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
 def error_text(page) -> str:

@@ -4,16 +4,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser.server import wait_idle
+
 pytestmark = pytest.mark.e2e
 
 CHART = '[data-testid="stPlotlyChart"] .js-plotly-plot'
 EXC = '[data-testid="stException"]'
 SHOTS = Path(__file__).resolve().parents[2] / "screenshots"  # git-ignored
-
-
-def wait_idle(page):
-    """Until Streamlit's 'Running...' indicator is gone: the script run has finished."""
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
 def test_connectivity_page_draws_the_barrier_curve(page, streamlit_url):

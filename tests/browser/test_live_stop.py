@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.browser.server import wait_idle
+
 pytestmark = pytest.mark.e2e
 
 EXC = '[data-testid="stException"]'
@@ -21,10 +23,6 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` and all its threads (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def wait_idle(page):
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads CPU time from /proc")

@@ -3,13 +3,13 @@ page after the server restarts (a new process, the same user store)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+import tiny_zoo
 
 from engine import history
-from tests.browser.server import serve
+from tests.browser.server import serve, wait_idle
 
 pytestmark = pytest.mark.e2e
 
@@ -22,15 +22,8 @@ SHOTS = ROOT / "screenshots"  # git-ignored
 def tiny_env(tmp_path_factory) -> dict[str, str]:
     """The tiny stand-in zoo (tests/app/tiny_zoo.py), where a live run takes a second or two, and an
     empty result store: only live runs are drawn."""
-    spec = importlib.util.spec_from_file_location("tiny_zoo", ROOT / "tests" / "app" / "tiny_zoo.py")
-    tiny = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tiny)
-    zoo_dir = tiny.build_zoo(tmp_path_factory.mktemp("zoo"))
+    zoo_dir = tiny_zoo.build_zoo(tmp_path_factory.mktemp("zoo"))
     return {"LMC_ZOO_DIR": str(zoo_dir), "LMC_CACHE_DIR": str(tmp_path_factory.mktemp("cached_results"))}
-
-
-def wait_idle(page):
-    page.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')")
 
 
 def test_a_finished_live_run_survives_a_server_restart(browser, tiny_env, tmp_path):

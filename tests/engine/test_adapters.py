@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ref_models import rel_err
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError
@@ -143,10 +144,6 @@ def inputs(case: Case) -> torch.Tensor:
     if case.task == "vit":
         return torch.randn(3, 1, 8, 8, generator=g, dtype=F64)
     return torch.randint(0, 256, (2, 16), generator=g)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 @pytest.fixture(scope="module", params=list(CASES))

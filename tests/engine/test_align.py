@@ -1,7 +1,8 @@
 """Aligners (docs/MATH.md section 4): planted solutions per family, the exactness guard, class ablation,
 learned / dual against weight matching on briefly trained models, the dual identity, the CLI.
 
-Tiny float64 models (2 layers, D 32, 4 heads) unless a test trains; nothing is downloaded.
+Tiny float64 models (2 layers, D 32, 4 heads; tests/engine/ref_models.py) unless a test trains; nothing is
+downloaded.
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ from dataclasses import replace
 
 import pytest
 import torch
+from ref_models import CASES, byte_tiny, make_case, planted, randomise_norms
 
 from engine.align import METHODS
-from engine.align.common import default_classes, functional_logits, model_for, prepare_pair, resolve_classes, task_loss
+from engine.align.common import default_classes, functional_logits, prepare_pair, resolve_classes, task_loss
 from engine.align.dual import dual_identity
 from engine.align.learned import Transform, act_ste, dense_latent
 from engine.align.run import align, endpoint_check
@@ -34,30 +36,13 @@ from engine.cli import main
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import eval_set_for, evaluate, lm_eval_set
 from engine.interpolate import interpolate
-from engine.models import Model, canonical, load_model, save_model, set_canonical
+from engine.models import canonical, load_model, save_model
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec
 from engine.symmetry import act, apply, invert, random_gl, rope_commutant, sample
 from engine.train import TrainConfig, train
 
 F64 = torch.float64
-
-
-def tiny(task="lm", **kw) -> RefConfig:
-    return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, **kw})
-
-
-def randomise_norms(m: Model, seed: int, gain: float = 0.2, bias: float = 0.1) -> Model:
-    """Gains around 1 and LayerNorm biases nonzero, so folding and the residual maps are exercised."""
-    g = torch.Generator().manual_seed(seed)
-    p = canonical(m)
-    for k, v in p.items():
-        if k.endswith(".g"):
-            p[k] = 1 + gain * torch.randn(v.shape, generator=g, dtype=F64)
-        elif k.endswith((".norm1.b", ".norm2.b", "norm_f.b")):
-            p[k] = bias * torch.randn(v.shape, generator=g, dtype=F64)
-    set_canonical(m, p)
-    return m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,76 +110,7 @@ def test_gl_solver_improves_on_its_start_for_unrelated_rows():
 
 
 # ---------------------------------------------------------------------------------------------
-# Planted solutions for every family: theta_B = g*(theta_A)
-
-
-def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
-    """Random Q/K/V biases (HF initialises them to zero), so that matching must carry them along."""
-    g = torch.Generator().manual_seed(seed)
-    p = canonical(m)
-    set_canonical(m, {k: 0.3 * torch.randn(v.shape, generator=g, dtype=F64) if ".attn.b_" in k else v
-                      for k, v in p.items()})
-    return m
-
-
-def _hf_cases() -> dict:
-    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, timm_vit
-
-    llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
-             "eos_token_id": 0, "rope_theta": 500.0}
-    return {
-        "hf_gpt2": lambda: hf_gpt2.build({"vocab_size": 256, "n_positions": 16, "n_embd": 32, "n_layer": 2,
-                                          "n_head": 4, "bos_token_id": 0, "eos_token_id": 0}, seed=0, dtype=F64),
-        "hf_llama": lambda: hf_llama.build({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
-                                            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                            "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 0,
-                                            "rope_theta": 500.0}, seed=0, dtype=F64),
-        "hf_qwen2": lambda: _with_qkv_biases(hf_qwen2.build(llama, seed=0, dtype=F64)),
-        "hf_mistral": lambda: hf_mistral.build({**llama, "head_dim": 12}, seed=0, dtype=F64),
-        # QK-norm, with biases on all four attention projections (randomised: HF initialises them to zero)
-        "hf_qwen3": lambda: _with_qkv_biases(hf_qwen3.build({**llama, "head_dim": 8, "attention_bias": True}, seed=0,
-                                                            dtype=F64)),  # Qwen3Config's own head_dim is 128
-        "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
-                                            "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
-                                           seed=0, dtype=F64),
-    }
-
-
-REF_CASES = {
-    "lm-none": {"pe": "none"}, "lm-learned": {"pe": "learned"}, "lm-sinusoidal": {"pe": "sinusoidal"},
-    "lm-rope": {"pe": "rope"}, "vit-learned": {"task": "vit", "pe": "learned"}, "vit-rope": {"task": "vit", "pe": "rope"},
-    "lm-rope-half-gqa-swiglu": {"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "swiglu"},
-    "lm-partial-rope-relu": {"pe": "rope", "rotary_dim": 4, "mlp": "relu"},
-    "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
-    "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
-}
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "timm_vit"]
-
-
-def make_case(name: str) -> Model:
-    if name in REF_CASES:
-        kw = REF_CASES[name]
-        m = build(tiny(**kw), seed=0, dtype=F64)
-    else:
-        m = _hf_cases()[name]()
-    return randomise_norms(m, 5)
-
-
-def planted(a: Model, seed: int = 3):
-    """B = g*(A) for a random g* of every default class (A norm-folded first when g* rotates).
-
-    The default rotates a LayerNorm model's residual stream after rewriting it as RMSNorm; a rotation
-    planted there would make B a reference-family twin, so B gets a residual permutation in A's own
-    coordinates instead (same family), which the rewrite carries over exactly: centring commutes with
-    permutations and the permuted gains fold into the permuted readers. Returns B, g*, the default classes.
-    """
-    kinds = default_classes(build_spec(a.arch, canonical(a)))
-    plant = kinds - {"residual_orth"} | {"residual_perm"} if a.arch.norm == "layernorm" else kinds
-    pair = prepare_pair(a, a, plant)
-    g = sample(pair.arch, plant, seed=seed)
-    b = model_for(pair.model_a, pair.arch, apply(pair.arch, g, pair.params_a))
-    return b, g, kinds
+# Planted solutions for every family of ref_models.CASES: theta_B = g*(theta_A)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -236,8 +152,8 @@ def test_activation_matching_recovers_a_planted_element(name):
 
 
 def test_rope_aligner_stays_in_the_rope_group_and_gl_is_caught():
-    a = build(tiny(pe="rope", rotary_dim=6), seed=0, dtype=F64)
-    b = build(tiny(pe="rope", rotary_dim=6), seed=1, dtype=F64)
+    a = build(byte_tiny(pe="rope", rotary_dim=6), seed=0, dtype=F64)
+    b = build(byte_tiny(pe="rope", rotary_dim=6), seed=1, dtype=F64)
     es = lm_eval_set("val", 256, n_ctx=16)
     al = align(a, b, "weight", classes=("heads", "qk"))
     apply(al.pair.arch, al.out.g, al.pair.params_b, strict=True)  # raises outside H(r) x GL(d - r)
@@ -250,8 +166,8 @@ def test_rope_aligner_stays_in_the_rope_group_and_gl_is_caught():
 
 
 def test_sinusoidal_residual_is_reported_as_approximate_not_raised():
-    a = build(tiny(pe="sinusoidal"), seed=0, dtype=F64)
-    b = build(tiny(pe="sinusoidal"), seed=1, dtype=F64)
+    a = build(byte_tiny(pe="sinusoidal"), seed=0, dtype=F64)
+    b = build(byte_tiny(pe="sinusoidal"), seed=1, dtype=F64)
     es = lm_eval_set("val", 256, n_ctx=16)
     al = align(a, b, "weight", classes=("heads", "mlp", "residual_orth"))
     chk = endpoint_check(b, al, es, evaluate(al.model_b, es)["loss"])
@@ -265,8 +181,8 @@ def test_sinusoidal_residual_is_reported_as_approximate_not_raised():
 
 
 def test_classes_restrict_the_element_and_bad_requests_fail_clearly():
-    a = build(tiny(pe="rope"), seed=0, dtype=F64)
-    b = build(tiny(pe="rope"), seed=1, dtype=F64)
+    a = build(byte_tiny(pe="rope"), seed=0, dtype=F64)
+    b = build(byte_tiny(pe="rope"), seed=1, dtype=F64)
     al = align(a, b, "weight", classes=("mlp",))
     assert al.pair.rewrite == "" and al.classes == {"mlp"}
     for el in al.out.g.layers:
@@ -293,7 +209,7 @@ ACTION_CASES = [{"pe": "rope", "rope_layout": "half", "n_kv_heads": 2, "mlp": "s
 
 
 def action_case(kw: dict, seed: int = 4, residual: str = "residual_orth"):
-    a = randomise_norms(build(tiny(**kw), seed=0, dtype=F64), 1)
+    a = randomise_norms(build(byte_tiny(**kw), seed=0, dtype=F64), 1)
     kinds = (default_classes(build_spec(a.arch, canonical(a))) - {"residual_orth"}) | {residual}
     pair = prepare_pair(a, a, kinds)
     g = sample(pair.arch, kinds, seed=seed)
@@ -354,8 +270,8 @@ def test_gather_gradient_equals_the_dense_straight_through_gradient(kw, residual
 
 
 def test_dual_identity_holds_for_random_elements():
-    a = randomise_norms(build(tiny(pe="rope"), seed=0, dtype=F64), 2)
-    b = randomise_norms(build(tiny(pe="rope"), seed=1, dtype=F64), 3)
+    a = randomise_norms(build(byte_tiny(pe="rope"), seed=0, dtype=F64), 2)
+    b = randomise_norms(build(byte_tiny(pe="rope"), seed=1, dtype=F64), 3)
     kinds = default_classes(build_spec(a.arch, canonical(a)))
     pair = prepare_pair(a, b, kinds)
     out = dual_identity(pair, sample(pair.arch, kinds, seed=5), sample(pair.arch, kinds, seed=6))
@@ -397,7 +313,7 @@ def test_learned_and_dual_reduce_the_barrier_below_weight_matching(trained_pair)
 
 def test_align_cli_writes_a_record_and_a_merged_model_that_loads_back(tmp_path, capsys):
     for s in (0, 1):
-        save_model(build(tiny(pe="rope"), seed=s), tmp_path / f"m{s}")
+        save_model(build(byte_tiny(pe="rope"), seed=s), tmp_path / f"m{s}")
     out, merged = tmp_path / "r.json", tmp_path / "merged"
     rc = main(["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "weight", "--points", "3",
                "--eval-items", "256", "--out", str(out), "--save-merged", str(merged), "--alpha", "0.5"])
@@ -423,7 +339,7 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     from engine.api import build_cache
 
     for s in (0, 1):
-        save_model(build(tiny(pe="rope", n_ctx=32), seed=s), tmp_path / "zoo" / f"lm-rope-s{s}")
+        save_model(build(byte_tiny(pe="rope", n_ctx=32), seed=s), tmp_path / "zoo" / f"lm-rope-s{s}")
     monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "cache"))
     short = {k: replace(v, default_steps=2 if v.default_steps else 0, task_steps=None) for k, v in METHODS.items()}
@@ -437,7 +353,7 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
 
 
 def test_naive_keeps_the_original_models():
-    a = build(tiny(), seed=0)
+    a = build(byte_tiny(), seed=0)
     al = align(a, copy.deepcopy(a), "naive")
     assert al.model_a is a and al.classes == frozenset()
 

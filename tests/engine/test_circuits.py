@@ -7,6 +7,7 @@ from dataclasses import asdict, replace
 
 import pytest
 import torch
+from ref_models import byte_tiny, inputs, rel_err, tiny
 
 from engine.align.common import model_for
 from engine.circuits import CircuitPath, half_columns
@@ -21,11 +22,6 @@ from engine.symmetry import apply, sample
 
 F64 = torch.float64
 TOL = 1e-10
-
-
-def tiny(**kw):
-    return RefConfig(**{"task": "lm", "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16,
-                        "vocab_size": 64, **kw})
 
 
 def noisy(cfg, seed):
@@ -46,10 +42,6 @@ def logits(model, x):
         return model.module(x)
 
 
-def rel(u, v):
-    return float((u - v).abs().max() / v.abs().max())
-
-
 CONFIGS = {
     "nope": {"pe": "none"},
     "learned-bias": {"pe": "learned", "bias": True},
@@ -61,22 +53,15 @@ CONFIGS = {
 }
 
 
-def inputs(cfg, n=3):
-    g = torch.Generator().manual_seed(7)
-    if cfg.task == "vit":
-        return torch.rand(n, cfg.in_chans, cfg.image_size, cfg.image_size, generator=g, dtype=F64)
-    return torch.randint(0, cfg.vocab_size, (n, cfg.n_ctx), generator=g)
-
-
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_endpoints_are_the_models_themselves(name):
-    cfg = tiny(**CONFIGS[name])
+    cfg = tiny(vocab_size=64, **CONFIGS[name])
     a, b = noisy(cfg, 0), noisy(cfg, 1)
-    path, x = CircuitPath(a, b), inputs(cfg)
+    path, x = CircuitPath(a, b), inputs(cfg, seed=7)
     assert path.work.arch.d_head == 2 * a.arch.d_head
-    assert rel(logits(path.at(0.0), x), logits(a, x)) < TOL
-    assert rel(logits(path.at(1.0), x), logits(b, x)) < TOL
-    assert rel(logits(path.at(0.5), x), logits(a, x)) > 1e-3  # the path does move
+    assert rel_err(logits(path.at(0.0), x), logits(a, x)) < TOL
+    assert rel_err(logits(path.at(1.0), x), logits(b, x)) < TOL
+    assert rel_err(logits(path.at(0.5), x), logits(a, x)) > 1e-3  # the path does move
 
 
 def scores(model, layer, x, d):
@@ -107,20 +92,20 @@ def ov(model, layer):
 @pytest.mark.parametrize("name", ["nope", "learned-bias", "rope-interleaved", "rope-half-partial-bias", "rope-gqa"])
 @pytest.mark.parametrize("lam", [0.3, 0.5, 0.85])
 def test_doubled_heads_compute_the_interpolated_circuits(name, lam):
-    cfg = tiny(**CONFIGS[name])
+    cfg = tiny(vocab_size=64, **CONFIGS[name])
     a, b = noisy(cfg, 0), noisy(cfg, 1)
     work = CircuitPath(a, b).at(lam)
     d = a.arch.d_head
     x = torch.randn(2, cfg.n_ctx, cfg.d_model, generator=torch.Generator().manual_seed(3), dtype=F64)
     for layer in range(cfg.n_layers):
         want = (1 - lam) * scores(a, layer, x, d) + lam * scores(b, layer, x, d)
-        assert rel(scores(work, layer, x, 2 * d), want) < TOL
-        assert rel(ov(work, layer), (1 - lam) * ov(a, layer) + lam * ov(b, layer)) < TOL
+        assert rel_err(scores(work, layer, x, 2 * d), want) < TOL
+        assert rel_err(ov(work, layer), (1 - lam) * ov(a, layer) + lam * ov(b, layer)) < TOL
     if cfg.pe == "rope":  # the converse: the doubled head's own RoPE frequencies would not do
         plain = build(RefConfig(**{**cfg.__dict__, "d_head": 2 * d, "rotary_dim": 2 * cfg.rot_dim}), dtype=F64)
         work.module.rope_cos, work.module.rope_sin = plain.module.rope_cos, plain.module.rope_sin
         want = (1 - lam) * scores(a, 0, x, d) + lam * scores(b, 0, x, d)
-        assert rel(scores(work, 0, x, 2 * d), want) > 1e-3
+        assert rel_err(scores(work, 0, x, 2 * d), want) > 1e-3
 
 
 @pytest.mark.parametrize("layout,r,d", [("interleaved", 8, 8), ("half", 8, 8), ("half", 4, 8), ("interleaved", 0, 8)])
@@ -139,18 +124,18 @@ def test_half_columns_pair_each_endpoint_with_its_own_frequencies(layout, r, d):
 
 @pytest.mark.parametrize("name", ["nope", "learned-bias", "rope-half-partial-bias"])
 def test_circuit_path_ignores_within_head_maps_that_move_the_weight_path(name):
-    cfg = tiny(**CONFIGS[name])
+    cfg = tiny(vocab_size=64, **CONFIGS[name])
     a, b = noisy(cfg, 0), noisy(cfg, 1)
     g = sample(b.arch, ("qk", "vo"), seed=5)  # GL(d) on Q/K and V/O (the RoPE commutant with RoPE)
     b2 = model_for(b, b.arch, apply(b.arch, g, canonical(b)))
-    x = inputs(cfg)
-    assert rel(logits(b2, x), logits(b, x)) < TOL  # a symmetry of B
-    assert rel(logits(CircuitPath(a, b2).at(0.5), x), logits(CircuitPath(a, b).at(0.5), x)) < TOL
-    assert rel(logits(LinearPath(a, b2).at(0.5), x), logits(LinearPath(a, b).at(0.5), x)) > 1e-3
+    x = inputs(cfg, seed=7)
+    assert rel_err(logits(b2, x), logits(b, x)) < TOL  # a symmetry of B
+    assert rel_err(logits(CircuitPath(a, b2).at(0.5), x), logits(CircuitPath(a, b).at(0.5), x)) < TOL
+    assert rel_err(logits(LinearPath(a, b2).at(0.5), x), logits(LinearPath(a, b).at(0.5), x)) > 1e-3
 
 
 def test_interpolate_records_the_path_and_refuses_unknown_kinds():
-    cfg = tiny(vocab_size=256)
+    cfg = byte_tiny()
     a, b = build(cfg, seed=0), build(cfg, seed=1)
     es = lm_eval_set("val", 512, n_ctx=16)
     w, c = interpolate(a, b, es, points=3), interpolate(a, b, es, points=3, path="circuits")
@@ -162,7 +147,7 @@ def test_interpolate_records_the_path_and_refuses_unknown_kinds():
 
 
 def test_cli_align_on_the_circuit_path_records_it_and_keeps_old_hashes(tmp_path, capsys):
-    cfg = tiny(vocab_size=256, pe="rope")
+    cfg = byte_tiny(pe="rope")
     for s in (0, 1):
         save_model(build(cfg, seed=s), tmp_path / f"m{s}")
     out = tmp_path / "r.json"

@@ -8,13 +8,13 @@ import copy
 
 import pytest
 import torch
+from ref_models import make_case, planted
 
 from engine.align import METHODS
 from engine.align.run import align
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import interpolate
 from engine.models import canonical
-from tests.engine.test_align import make_case, planted
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 

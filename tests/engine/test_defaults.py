@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from ref_models import byte_tiny, randomise_norms
 
 from engine.align.common import choose_classes, default_classes
 from engine.align.run import align
@@ -24,14 +25,9 @@ from engine.models.reference import RefConfig, build
 from engine.results import RunConfig
 from engine.spec import KINDS, build_spec
 from engine.symmetry import apply, sample
-from tests.engine.test_align import randomise_norms
 
 F64 = torch.float64
 EXACT = {"heads", "mlp", "qk", "vo"}
-
-
-def tiny(task="lm", **kw) -> RefConfig:
-    return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, **kw})
 
 
 def gpt2(seed: int = 0) -> Model:
@@ -49,10 +45,10 @@ def _families() -> dict[str, Model]:
     from engine.models import hf_llama, timm_vit
 
     return {
-        "reference lm none": build(tiny(pe="none"), dtype=F64),
-        "reference lm rope": build(tiny(pe="rope"), dtype=F64),
-        "reference vit learned": build(tiny("vit", pe="learned"), dtype=F64),
-        "reference lm layernorm": build(tiny(pe="learned", norm="layernorm", bias=True, mlp="relu"), dtype=F64),
+        "reference lm none": build(byte_tiny(pe="none"), dtype=F64),
+        "reference lm rope": build(byte_tiny(pe="rope"), dtype=F64),
+        "reference vit learned": build(byte_tiny("vit", pe="learned"), dtype=F64),
+        "reference lm layernorm": build(byte_tiny(pe="learned", norm="layernorm", bias=True, mlp="relu"), dtype=F64),
         "hf_gpt2": gpt2(),
         "hf_llama": hf_llama.build({"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64,
                                     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -77,7 +73,7 @@ def test_every_family_with_an_exact_residual_map_rotates_it_by_default_for_every
 
 
 def test_sinusoidal_leaves_both_residual_maps_out_and_says_why():
-    arch = build(tiny(pe="sinusoidal"), dtype=F64).arch
+    arch = build(byte_tiny(pe="sinusoidal"), dtype=F64).arch
     c = choose_classes(arch, "weight")
     assert c.classes == EXACT
     assert {"residual_perm", "residual_orth"} <= set(c.left_out)
@@ -87,7 +83,7 @@ def test_sinusoidal_leaves_both_residual_maps_out_and_says_why():
 def test_a_layernorm_model_that_cannot_be_rewritten_permutes_its_residual_stream():
     from dataclasses import replace
 
-    arch = build(tiny(pe="rope", norm="layernorm", bias=True, mlp="swiglu"), dtype=F64).arch
+    arch = build(byte_tiny(pe="rope", norm="layernorm", bias=True, mlp="swiglu"), dtype=F64).arch
     c = choose_classes(arch, "weight")
     assert "residual_perm" in c.classes and "residual_orth" not in c.classes
     assert "gate has no bias" in c.left_out["residual_orth"]
@@ -96,7 +92,7 @@ def test_a_layernorm_model_that_cannot_be_rewritten_permutes_its_residual_stream
 
 
 def test_naive_and_asked_classes_say_why_the_rest_is_left_out():
-    arch = build(tiny(pe="rope"), dtype=F64).arch
+    arch = build(byte_tiny(pe="rope"), dtype=F64).arch
     c = choose_classes(arch, "naive")
     assert c.classes == frozenset() and set(c.left_out) == set(KINDS)
     assert c.left_out["heads"] == "the naive baseline applies no symmetry"
@@ -154,7 +150,7 @@ def test_gpt2_pair_is_rotated_and_saved_as_a_reference_rmsnorm_model_computing_t
 def test_a_model_kept_in_its_family_says_so():
     from engine.api import merged_format
 
-    a = build(tiny(pe="rope"), dtype=F64)
+    a = build(byte_tiny(pe="rope"), dtype=F64)
     assert merged_format(a, a, "fold_norms") == "reference (the models' own format, norm gains folded into the readers)"
     assert merged_format(a, a, "") == "reference (the models' own format)"
 
@@ -189,7 +185,7 @@ WITHIN = ("heads", "mlp", "qk", "vo")
 ])
 def test_naive_folded_curve_coincides_where_the_coordinates_agree_and_differs_where_folding_changes_the_path(
         tmp_path, randomise, kinds, agree):
-    rec = _naive(*_planted_twin(tmp_path, tiny(pe="learned"), randomise, kinds))
+    rec = _naive(*_planted_twin(tmp_path, byte_tiny(pe="learned"), randomise, kinds))
     assert rec["folded_rewrite"] == "fold_norms" and rec["classes"] == [] and len(rec["classes_left_out"]) == len(KINDS)
     nat, fol = rec["loss"], rec["loss_folded"]
     assert len(fol) == len(rec["lambdas"]) == 5
@@ -208,7 +204,7 @@ def test_naive_folded_curve_after_the_layernorm_rewrite_and_none_under_sinusoida
     assert rec["loss_folded"][0] == pytest.approx(rec["loss"][0], rel=1e-10)
     assert max(abs(f - n) for f, n in zip(rec["loss_folded"][1:-1], rec["loss"][1:-1])) > 1e-4
     (tmp_path / "s").mkdir()
-    a, b = _save_pair(tmp_path / "s", lambda s: build(tiny(pe="sinusoidal"), seed=s, dtype=F64))
+    a, b = _save_pair(tmp_path / "s", lambda s: build(byte_tiny(pe="sinusoidal"), seed=s, dtype=F64))
     rec = _naive(a, b)
     assert rec["folded_rewrite"] == "" and rec["loss_folded"] == rec["loss"]  # no rewrite: the same coordinates
     assert main(["interpolate", a, b, "--points", "3", "--eval-items", "256", "--device", "cpu"]) == 0
@@ -217,9 +213,9 @@ def test_naive_folded_curve_after_the_layernorm_rewrite_and_none_under_sinusoida
 
 
 def test_a_naive_run_reports_both_paths_as_one_phase_and_its_estimate_counts_both(tmp_path):
-    from engine.progress import estimate_seconds, naive_paths
+    from engine.timing import estimate_seconds, naive_paths
 
-    a, b = _save_pair(tmp_path, lambda s: build(tiny(pe="rope"), seed=s, dtype=F64))
+    a, b = _save_pair(tmp_path, lambda s: build(byte_tiny(pe="rope"), seed=s, dtype=F64))
     updates = []
     rec = run_pair(RunConfig(a, b, "naive", points=3, eval_items=256, dtype="float64", device="cpu"),
                    progress=updates.append)

@@ -3,13 +3,13 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from ref_models import random_model, tiny
 
 import engine.evaluate as ev
 from engine.errors import DataError, LMCError
 from engine.evaluate import EvalSet, evaluate, item_bytes, items_per_batch, lm_eval_set, vit_eval_set
 from engine.models import model_logits
 from engine.models.reference import apply_rope, build, rope_frequencies
-from tests.engine.ref_models import random_model, tiny
 
 
 def direct(model, es):

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from ref_models import byte_tiny
 
 from engine.api import run_pair
 from engine.cli import main
@@ -11,20 +12,16 @@ from engine.errors import ArchitectureMismatch, LMCError
 from engine.evaluate import evaluate, lm_eval_set, vit_eval_set
 from engine.interpolate import LinearPath, barrier_metrics, check_same_architecture, interpolate
 from engine.models import save_model
-from engine.models.reference import RefConfig, build
+from engine.models.reference import build
 from engine.results import RunConfig, load_record
 
 REQUIRED = ["method", "model_a", "model_b", "lambdas", "loss", "accuracy", "barrier", "midpoint_barrier",
             "endpoint_loss_a", "endpoint_loss_b", "timings", "config_hash"]
 
 
-def tiny(task="lm", **kw):
-    return RefConfig(**{"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 32, **kw})
-
-
 @pytest.mark.parametrize("task", ["lm", "vit"])
 def test_endpoints_reproduce_each_models_loss_exactly(task):
-    a, b = build(tiny(task), seed=0), build(tiny(task), seed=1)
+    a, b = build(byte_tiny(task, n_ctx=32), seed=0), build(byte_tiny(task, n_ctx=32), seed=1)
     es = lm_eval_set("val", 2048, n_ctx=32) if task == "lm" else vit_eval_set("test", 100)
     r = interpolate(a, b, es, points=5)
     assert r["loss"][0] == evaluate(a, es)["loss"]
@@ -38,14 +35,14 @@ def test_endpoints_reproduce_each_models_loss_exactly(task):
 
 
 def test_a_model_interpolated_with_itself_has_zero_barrier():
-    a = build(tiny(), seed=3)
+    a = build(byte_tiny(n_ctx=32), seed=3)
     r = interpolate(a, a, lm_eval_set("val", 1024, n_ctx=32), points=7)
     assert all(loss == r["loss"][0] for loss in r["loss"])
     assert abs(r["barrier"]) < 1e-12 and abs(r["midpoint_barrier"]) < 1e-12
 
 
 def test_path_reuses_one_preallocated_model():
-    a, b = build(tiny(), seed=0), build(tiny(), seed=1)
+    a, b = build(byte_tiny(n_ctx=32), seed=0), build(byte_tiny(n_ctx=32), seed=1)
     path = LinearPath(a, b)
     ptrs = [p.data_ptr() for p in path.work.module.parameters()]
     m = path.at(0.3)
@@ -66,14 +63,14 @@ def test_barrier_metric_against_hand_computed_values():
 
 def test_different_architectures_name_the_first_mismatch():
     with pytest.raises(ArchitectureMismatch, match="pe is 'rope' vs 'learned'"):
-        check_same_architecture(build(tiny(pe="rope")), build(tiny(pe="learned")))
+        check_same_architecture(build(byte_tiny(n_ctx=32, pe="rope")), build(byte_tiny(n_ctx=32, pe="learned")))
     with pytest.raises(ArchitectureMismatch, match="d_mlp is 64 vs 128"):
-        check_same_architecture(build(tiny()), build(tiny(d_mlp=128)))
+        check_same_architecture(build(byte_tiny(n_ctx=32)), build(byte_tiny(n_ctx=32, d_mlp=128)))
 
 
 def test_run_pair_writes_a_complete_record_and_cli_matches(tmp_path, capsys):
     for s in (0, 1):
-        save_model(build(tiny(), seed=s), tmp_path / f"m{s}")
+        save_model(build(byte_tiny(n_ctx=32), seed=s), tmp_path / f"m{s}")
     cfg = RunConfig(str(tmp_path / "m0"), str(tmp_path / "m1"), points=3, eval_items=1024)
     rec = run_pair(cfg)
     assert all(k in rec for k in REQUIRED) and rec["eval_tokens"] == 1024
@@ -88,8 +85,8 @@ def test_run_pair_writes_a_complete_record_and_cli_matches(tmp_path, capsys):
 
 
 def test_cli_reports_mismatch_in_one_line(tmp_path, capsys):
-    save_model(build(tiny(pe="rope")), tmp_path / "a")
-    save_model(build(tiny(pe="none")), tmp_path / "b")
+    save_model(build(byte_tiny(n_ctx=32, pe="rope")), tmp_path / "a")
+    save_model(build(byte_tiny(n_ctx=32, pe="none")), tmp_path / "b")
     rc = main(["interpolate", str(tmp_path / "a"), str(tmp_path / "b"), "--points", "3"])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.startswith("error: ") and "pe is 'rope' vs 'none'" in err and "\n" not in err
@@ -124,7 +121,7 @@ def test_hf_checkpoint_with_its_own_tokenizer_is_evaluated_with_it(tmp_path):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_offloaded_path_equals_the_plain_path(dtype):
-    a, b = build(tiny(), seed=0, dtype=dtype), build(tiny(), seed=1, dtype=dtype)
+    a, b = build(byte_tiny(n_ctx=32), seed=0, dtype=dtype), build(byte_tiny(n_ctx=32), seed=1, dtype=dtype)
     plain, off = LinearPath(a, b), LinearPath(a, b, offload=True, device="cpu")
     for lam in (0.0, 0.3, 0.5, 0.9, 1.0):
         sp, so = plain.at(lam).module.state_dict(), off.at(lam).module.state_dict()
@@ -135,7 +132,7 @@ def test_offloaded_path_equals_the_plain_path(dtype):
 
 
 def test_the_work_model_is_the_only_copy():
-    a, b = build(tiny(), seed=0), build(tiny(), seed=1)
+    a, b = build(byte_tiny(n_ctx=32), seed=0), build(byte_tiny(n_ctx=32), seed=1)
     path = LinearPath(a, b)
     work = {p.data_ptr() for p in path.work.module.parameters()}
     ends = {p.data_ptr() for m in (a, b) for p in m.module.parameters()}
@@ -145,7 +142,7 @@ def test_the_work_model_is_the_only_copy():
 
 
 def test_path_placement_errors_are_one_sentence():
-    a, b = build(tiny(), seed=0), build(tiny(), seed=1)
+    a, b = build(byte_tiny(n_ctx=32), seed=0), build(byte_tiny(n_ctx=32), seed=1)
     with pytest.raises(LMCError, match="must both live on the path's device meta"):
         LinearPath(a, b, device="meta")
     b.module.to("meta")

@@ -13,10 +13,11 @@ import random
 import numpy as np
 import pytest
 import torch
+from ref_models import rope_pair
 from scipy.optimize import linear_sum_assignment
 
 from engine.align import learned
-from engine.align.common import AlignContext, default_classes, functional_logits, prepare_pair, task_loss
+from engine.align.common import AlignContext, functional_logits, task_loss
 from engine.align.learned import (
     LAMBDAS,
     Settings,
@@ -31,9 +32,7 @@ from engine.align.learned import (
 )
 from engine.errors import LMCError
 from engine.evaluate import lm_eval_set
-from engine.models import canonical
 from engine.models.reference import RefConfig, build
-from engine.spec import build_spec
 from engine.symmetry import GroupElement, LayerElement, apply, identity, sample
 
 F64 = torch.float64
@@ -42,13 +41,6 @@ F64 = torch.float64
 @pytest.fixture(autouse=True)
 def small_validation(monkeypatch):
     monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 256})  # the validation check's size is not under test
-
-
-def tiny(seed_b: int = 1):
-    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, pe="rope")
-    a, b = build(cfg, seed=0, dtype=F64), build(cfg, seed=seed_b, dtype=F64)
-    kinds = default_classes(build_spec(a.arch, canonical(a)))
-    return prepare_pair(a, b, kinds), kinds
 
 
 def random_graph(n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,7 +83,7 @@ def test_candidates_recover_a_planted_mlp_permutation_from_the_wrong_start():
     """B = A with its MLP neurons permuted; from the identity start the planted partner is among every
     neuron's candidates, the sparse matching of the candidate scores is the planted permutation, and the
     element it gives moves B exactly onto A (float64)."""
-    pair, _ = tiny(seed_b=0)
+    pair, _ = rope_pair(seed_b=0)
     arch, spec = pair.arch, pair.spec
     gen = torch.Generator().manual_seed(3)
     planted = [torch.randperm(arch.d_mlp, generator=gen) for _ in range(arch.n_layers)]
@@ -124,7 +116,7 @@ def test_candidates_recover_a_planted_mlp_permutation_from_the_wrong_start():
 
 
 def test_the_sparse_gradient_is_the_dense_straight_through_gradient_at_the_candidates():
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     arch, spec = pair.arch, pair.spec
     g = sample(arch, kinds, seed=4)
     cands = mlp_candidates(spec, pair.params_a, pair.params_b, g, k=5)
@@ -144,7 +136,7 @@ def test_the_sparse_gradient_is_the_dense_straight_through_gradient_at_the_candi
 
 
 def test_candidates_must_hold_the_start():
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     g = identity(pair.arch)
     cands = mlp_candidates(pair.spec, pair.params_a, pair.params_b, g, k=3)
     bad = [c.clone() for c in cands]
@@ -192,7 +184,7 @@ def test_lambda_sampling_modes():
 
 
 def test_patience_stops_a_run_that_cannot_improve_once_its_step_size_has_halved():
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     g0 = identity(pair.arch)
     frozen = Settings(lr_perm=0.0, lr_map=0.0, patience=2, eval_every=1)  # nothing moves: no improvement
     res = optimise(AlignContext(pair, kinds, steps=10), g0, dual=False, steps=10, settings=frozen)
@@ -207,7 +199,7 @@ def test_patience_stops_a_run_that_cannot_improve_once_its_step_size_has_halved(
 
 
 def test_the_record_keeps_the_curve_the_settings_and_the_flips():
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     g0 = identity(pair.arch)
     st = Settings(lr_perm=2.0, lambdas="uniform", eval_every=2, candidates=4)  # big steps: permutations flip
     seen = []
@@ -230,7 +222,7 @@ def test_the_record_keeps_the_curve_the_settings_and_the_flips():
 
 
 def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     assert Settings().lambdas is None and learned.DEFAULT_LAMBDAS == {"lm": "narrow", "vit": "adaptive"}
     res = optimise(AlignContext(pair, kinds, steps=3), identity(pair.arch), dual=False, steps=3,
                    settings=Settings(eval_every=1))
@@ -243,7 +235,7 @@ def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
 def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
     """Validation measures the path at VAL_LAMBDAS; the kept element is the check with the smallest
     largest excess over the chord, and the history says where each check's worst point lay."""
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     st = Settings(lr_perm=2.0, lambdas="adaptive", eval_every=1, patience=None)
     res = optimise(AlignContext(pair, kinds, steps=5), identity(pair.arch), dual=False, steps=5, settings=st)
     hist = res["history"]
@@ -268,7 +260,7 @@ def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
 def test_dual_reads_its_settings_from_the_context():
     from engine.align.dual import align_dual
 
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     st = Settings(lambdas="fixed", candidates=3)
     info = align_dual(AlignContext(pair, kinds, steps=2, compare_one_sided=False, learned=st)).info
     assert info["settings"]["lambdas"] == "fixed" and info["curve"]["lambda"] == [0.5, 0.5]
@@ -327,7 +319,7 @@ def test_the_start_is_that_aligner_s_element(start):
     from engine.align.learned import starting_element
     from engine.align.weight import weight_match
 
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     ctx = AlignContext(pair, kinds, seed=3, learned=Settings(start=start))
     got = starting_element(ctx)
     if start == "weight":
@@ -382,7 +374,7 @@ def test_a_run_given_only_seconds_uses_them_and_decays_its_step_size_on_the_cloc
         return now
 
     monkeypatch.setattr(learned, "tick", tick)
-    pair, kinds = tiny()
+    pair, kinds = rope_pair()
     res = optimise(AlignContext(pair, kinds, steps=MAX_STEPS), identity(pair.arch), dual=False, steps=MAX_STEPS,
                    time_budget_s=60.0, settings=Settings(lr_perm=0.0))
     curve = res["curve"]

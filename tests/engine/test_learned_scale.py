@@ -6,28 +6,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ref_models import rope_pair
 
 from engine.align import dual, learned
-from engine.align.common import AlignContext, default_classes, prepare_pair
+from engine.align.common import AlignContext
 from engine.align.dual import dual_identity
 from engine.align.learned import align_learned, still_optimal
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import assignment, perm_matrix
 from engine.align.weight import weight_match
 from engine.evaluate import eval_set_for, evaluate
-from engine.models import canonical, load_model
-from engine.models.reference import RefConfig, build
-from engine.spec import build_spec
+from engine.models import load_model
 from engine.symmetry import sample
 
 F64 = torch.float64
-
-
-def tiny_pair(dtype=F64):
-    cfg = RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64, n_ctx=16, pe="rope")
-    a, b = build(cfg, seed=0, dtype=dtype), build(cfg, seed=1, dtype=dtype)
-    kinds = default_classes(build_spec(a.arch, canonical(a)))
-    return prepare_pair(a, b, kinds), kinds
 
 
 def latent_count(arch, kinds) -> int:
@@ -58,7 +50,7 @@ def test_a_certified_permutation_is_the_hungarian_answer():
 
 
 def test_time_budget_stops_the_optimisation_and_the_record_says_so():
-    pair, kinds = tiny_pair()
+    pair, kinds = rope_pair()
     assert kinds == {"heads", "mlp", "qk", "vo", "residual_orth"}
     out = align_learned(AlignContext(pair, kinds, steps=50, time_budget_s=0.0))
     info = out.info
@@ -75,7 +67,7 @@ def test_time_budget_stops_the_optimisation_and_the_record_says_so():
 
 def test_memory_record_counts_latents_and_adam_state_in_the_model_dtype():
     for dtype in (F64, torch.float32):
-        pair, kinds = tiny_pair(dtype)
+        pair, kinds = rope_pair(dtype=dtype)
         mem = align_learned(AlignContext(pair, kinds, steps=2)).info["memory"]
         assert mem["dtype"] == str(dtype).removeprefix("torch.")
         assert mem["latent_bytes"] == latent_count(pair.arch, kinds) * dtype.itemsize
@@ -86,7 +78,7 @@ def test_memory_record_counts_latents_and_adam_state_in_the_model_dtype():
 
 
 def test_dual_identity_runs_in_the_model_dtype_above_the_size_limit(monkeypatch):
-    pair, kinds = tiny_pair(torch.float32)
+    pair, kinds = rope_pair(dtype=torch.float32)
     g_a, g_b = sample(pair.arch, kinds, seed=5), sample(pair.arch, kinds, seed=6)
     small = dual_identity(pair, g_a, g_b)
     assert small["dtype"] == "float64" and small["holds"] and small["max_logit_relative_error"] < 1e-10

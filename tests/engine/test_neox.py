@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ref_models import random_model, tiny
+from ref_models import random_model, rel_err, tiny
 from safetensors.torch import load_file, save_file
 
 from engine.align.common import default_classes, model_for, prepare_pair, twin
@@ -68,10 +68,6 @@ def make(name: str, seed: int = 0) -> Model:
 
 def tokens(T: int = 16, seed: int = 7) -> torch.Tensor:
     return torch.randint(0, 256, (2, T), generator=torch.Generator().manual_seed(seed))
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
 
 
 def stock(model: Model, tmp_path: Path, dtype: torch.dtype):

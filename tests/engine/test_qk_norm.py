@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from ref_models import random_model, tiny
+from ref_models import inputs, random_model, rel, tiny
 
 from engine.align.common import default_classes, model_for, prepare_pair
 from engine.align.run import align
@@ -25,7 +25,7 @@ from engine.evaluate import eval_set_for
 from engine.groups import group_dimension
 from engine.interpolate import interpolate
 from engine.models import arch_from_config, canonical, hf_qwen3, set_canonical
-from engine.models.reference import RefConfig, rope_pairs
+from engine.models.reference import rope_pairs
 from engine.spec import build_spec, check_arch, is_qk_gain, norms_are_folded
 from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
 from engine.symmetry import GroupElement, LayerElement, apply, identity, invert, random_gl, rope_commutant, sample
@@ -37,14 +37,6 @@ QWEN3 = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hid
 CASES = {"interleaved": {"pe": "rope", "qk_norm": True},
          "half-gqa-swiglu-qkv-bias": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2,
                                       "mlp": "swiglu", "qkv_bias": True}}
-
-
-def inputs(cfg: RefConfig) -> torch.Tensor:
-    return torch.randint(0, cfg.vocab_size, (3, cfg.n_ctx), generator=torch.Generator().manual_seed(0))
-
-
-def rel(y: torch.Tensor, y0: torch.Tensor) -> float:
-    return float((y - y0).norm() / y0.norm())
 
 
 def with_qk(arch, qk) -> GroupElement:

@@ -5,24 +5,13 @@ import math
 
 import pytest
 import torch
+from ref_models import byte_tiny, inputs
 
 from engine.errors import ModelError
 from engine.models import family_of, load_model, save_model
 from engine.models.reference import RefConfig, apply_rope, build, rope_frequencies, sinusoidal_table
 
 PES = ["none", "learned", "sinusoidal", "rope"]
-
-
-def tiny(task="lm", **kw):
-    base = {"task": task, "n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16}
-    return RefConfig(**{**base, **kw})
-
-
-def inputs(cfg, batch=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if cfg.task == "lm":
-        return torch.randint(0, cfg.vocab_size, (batch, cfg.n_ctx), generator=g)
-    return torch.rand(batch, cfg.in_chans, cfg.image_size, cfg.image_size, generator=g, dtype=torch.float64)
 
 
 VARIANTS = [
@@ -38,7 +27,7 @@ VARIANTS = [
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
 def test_save_load_is_bit_identical(tmp_path, kw):
-    cfg = tiny(**kw)
+    cfg = byte_tiny(**kw)
     m = build(cfg, seed=7, dtype=torch.float64)
     save_model(m, tmp_path / "m")
     assert family_of(tmp_path / "m").name == "reference"
@@ -51,17 +40,17 @@ def test_save_load_is_bit_identical(tmp_path, kw):
 
 
 def test_variants_differ_only_in_the_chosen_option():
-    keys = {pe: set(build(tiny(pe=pe)).module.state_dict()) for pe in PES}
+    keys = {pe: set(build(byte_tiny(pe=pe)).module.state_dict()) for pe in PES}
     assert keys["none"] == keys["sinusoidal"] == keys["rope"]
     assert keys["learned"] - keys["none"] == {"embed.pos"}
     # same seed, same shapes: every shared tensor starts identical across PEs
-    a, b = build(tiny(pe="none"), seed=3).module.state_dict(), build(tiny(pe="rope"), seed=3).module.state_dict()
+    a, b = build(byte_tiny(pe="none"), seed=3).module.state_dict(), build(byte_tiny(pe="rope"), seed=3).module.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_nope_vit_is_permutation_invariant_in_patches_and_learned_pe_is_not():
     for pe, invariant in [("none", True), ("learned", False), ("sinusoidal", False), ("rope", False)]:
-        cfg = tiny("vit", pe=pe)
+        cfg = byte_tiny("vit", pe=pe)
         m = build(cfg, seed=1, dtype=torch.float64).module
         with torch.no_grad():
             if pe == "learned":
@@ -77,13 +66,13 @@ def test_nope_vit_is_permutation_invariant_in_patches_and_learned_pe_is_not():
 
 def test_nope_lm_without_positions_sees_a_multiset_in_layer_one():
     # one layer, causal, no PE: the last position attends over a set of earlier tokens
-    cfg = tiny(pe="none", n_layers=1)
+    cfg = byte_tiny(pe="none", n_layers=1)
     m = build(cfg, seed=2, dtype=torch.float64).module
     x = inputs(cfg, batch=1)
     y = x.clone()
     y[0, :-1] = x[0, :-1].flip(0)
     assert torch.allclose(m(x)[0, -1], m(y)[0, -1], rtol=0, atol=1e-12)
-    cfg = tiny(pe="rope", n_layers=1)
+    cfg = byte_tiny(pe="rope", n_layers=1)
     m = build(cfg, seed=2, dtype=torch.float64).module
     assert (m(x)[0, -1] - m(y)[0, -1]).abs().max() > 1e-4
 
@@ -108,9 +97,9 @@ def test_rope_scores_depend_only_on_relative_offset(layout):
 
 
 def test_rope_layouts_are_different_functions():
-    x = inputs(tiny(pe="rope"))
-    a = build(tiny(pe="rope", rope_layout="interleaved"), seed=4, dtype=torch.float64).module
-    b = build(tiny(pe="rope", rope_layout="half"), seed=4, dtype=torch.float64).module
+    x = inputs(byte_tiny(pe="rope"))
+    a = build(byte_tiny(pe="rope", rope_layout="interleaved"), seed=4, dtype=torch.float64).module
+    b = build(byte_tiny(pe="rope", rope_layout="half"), seed=4, dtype=torch.float64).module
     assert (a(x) - b(x)).abs().max() > 1e-4
 
 
@@ -126,7 +115,7 @@ def test_bad_configs_and_checkpoints_get_one_sentence(tmp_path):
         RefConfig(pe="alibi")
     with pytest.raises(ModelError, match="not divisible by n_heads"):
         RefConfig(d_model=30, n_heads=4)
-    m = build(tiny())
+    m = build(byte_tiny())
     save_model(m, tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").write_bytes(b"garbage" * 10)
     with pytest.raises(ModelError, match="not a readable safetensors file"):
@@ -147,7 +136,7 @@ def test_bad_configs_and_checkpoints_get_one_sentence(tmp_path):
 
 
 def test_too_long_input_is_refused():
-    cfg = tiny()
+    cfg = byte_tiny()
     m = build(cfg).module
     with pytest.raises(ModelError, match="exceeds the model's context"):
         m(torch.zeros(1, cfg.n_ctx + 1, dtype=torch.long))

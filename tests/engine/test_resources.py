@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ref_models import tiny
 
 from engine import resources
 from engine.api import run_pair
@@ -14,7 +15,6 @@ from engine.models import hf_gpt2, hf_llama, load_model, reference, save_model, 
 from engine.models.io import read_config
 from engine.resources import check_fits, check_run, describe, estimate_run, model_shape
 from engine.results import RunConfig
-from tests.engine.ref_models import tiny
 
 GPT2_TINY = {"n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 16, "vocab_size": 256}
 LLAMA_TINY = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,

@@ -4,16 +4,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from ref_models import tiny
 
 from engine.errors import SpecError
 from engine.models import canonical
-from engine.models.reference import RefConfig, build
+from engine.models.reference import build
 from engine.spec import KINDS, ROLES, STRUCTURES, build_spec, norms_are_folded
-
-
-def tiny(**kw) -> RefConfig:
-    base = {"n_layers": 2, "d_model": 32, "n_heads": 4, "d_mlp": 64, "n_ctx": 16, "vocab_size": 40}
-    return RefConfig(**{**base, **kw})
 
 
 def spec_of(**kw):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ref_models import random_model, tiny
+from ref_models import inputs, random_model, rel, tiny
 
 from engine.errors import SpecError
 from engine.models import canonical, set_canonical
@@ -32,23 +32,12 @@ from engine.symmetry import (
 TOL = 1e-10
 
 
-def inputs(cfg: RefConfig, batch: int = 3, seed: int = 0) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    if cfg.task == "lm":
-        return torch.randint(0, cfg.vocab_size, (batch, cfg.n_ctx), generator=g)
-    return torch.rand(batch, cfg.in_chans, cfg.image_size, cfg.image_size, generator=g, dtype=torch.float64)
-
-
 def logits(cfg: RefConfig, arch, params, x) -> torch.Tensor:
     """Evaluate canonical params of `arch` (possibly rewritten) in a reference module."""
     m = build(reference_config_from_arch(arch, in_chans=cfg.in_chans, patch_size=cfg.patch_size), dtype=torch.float64)
     set_canonical(m, params)
     with torch.no_grad():
         return m.module(x)
-
-
-def rel(y, y0) -> float:
-    return float((y - y0).norm() / y0.norm())
 
 
 def max_diff(p, q) -> float:

@@ -1,6 +1,6 @@
 """Weight matching at scale: in-place moves, streaming, stopping rules, and a memory bound.
 
-The planted pairs and families come from test_align; here the question is whether the bounded-memory
+The planted pairs and families come from ref_models.py; here the question is whether the bounded-memory
 paths give the same answers as the copying ones, and whether the memory stays bounded.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ref_models import make_case, planted, tiny
 
 from engine.align.common import storages
 from engine.align.run import align, endpoint_check
@@ -22,7 +23,6 @@ from engine.errors import LMCError
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import interpolate
 from engine.models import canonical
-from tests.engine.test_align import make_case, planted
 
 F64 = torch.float64
 
@@ -124,7 +124,7 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
 
 DETERMINISM_SCRIPT = textwrap.dedent("""
     import hashlib, sys, torch
-    from tests.engine.test_align import make_case
+    from ref_models import make_case
     from engine.align.common import prepare_pair
     from engine.align.weight import initial_residual
     a, b = make_case("lm-learned"), make_case("lm-learned")
@@ -146,7 +146,7 @@ def test_weight_matching_is_bitwise_reproducible_across_processes():
     for seed in ("1", "2", "3"):
         env = os.environ | {"PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
         p = subprocess.run([sys.executable, "-c", DETERMINISM_SCRIPT], capture_output=True, text=True, env=env,
-                           cwd=Path(__file__).resolve().parents[2], check=True)
+                           cwd=Path(__file__).resolve().parent, check=True)  # where ref_models.py lies
         outs.add(p.stdout.strip())
     assert len(outs) == 1
 
@@ -232,7 +232,6 @@ def test_offloaded_run_equals_the_plain_one(tmp_path):
     from engine.cli import main
     from engine.models import save_model
     from engine.models.reference import build
-    from tests.engine.ref_models import tiny
 
     for i in (0, 1):
         save_model(build(tiny(vocab_size=256, n_ctx=64, pe="rope"), seed=i), tmp_path / f"m{i}")

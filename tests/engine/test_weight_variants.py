@@ -5,6 +5,7 @@ import itertools
 
 import pytest
 import torch
+from ref_models import make_case, planted
 
 from engine.align.common import default_classes, prepare_pair
 from engine.align.run import align
@@ -21,7 +22,6 @@ from engine.errors import LMCError
 from engine.models import canonical
 from engine.spec import build_spec
 from engine.symmetry import invert
-from tests.engine.test_align import make_case, planted
 
 F64 = torch.float64
 VARIANTS = {
