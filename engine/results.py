@@ -26,6 +26,7 @@ import math
 import os
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -675,14 +676,34 @@ def store(record: dict, root: Path | None = None) -> Path:
     return f
 
 
+@contextmanager
+def _locked(root: Path):
+    """The store directory locked (flock) while its manifest is rebuilt. Two writers at once (two cache
+    builds) would otherwise interleave scan and write, and the later write of the earlier scan would drop
+    the other's newest record from the manifest. Where there is no fcntl (Windows) nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def write_manifest(root: Path | None = None) -> list[str]:
     """Rebuild manifest.json from the records present; skipped files are warned about and returned."""
     root = _store_root(root)
-    good, problems = scan_store(root)
+    with _locked(root):
+        good, problems = scan_store(root)
+        write_json_atomic(root / "manifest.json",
+                          {"schema": SCHEMA_VERSION, "records": [_row(n, r) for n, r in good.items()]})
     for p in problems:
         _skip(p)
-    write_json_atomic(root / "manifest.json",
-                      {"schema": SCHEMA_VERSION, "records": [_row(n, r) for n, r in good.items()]})
     return problems
 
 

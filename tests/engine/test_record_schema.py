@@ -4,7 +4,8 @@ meets (the store, the run history, an earlier --out file) is checked field by fi
 The mutations start from shipped records of cached_results/ (read, never written) and cover each class
 a hostile or damaged file can hold: a 401-digit integer, a missing optional field (still a record), a
 missing required field, a wrong type (text for a number, an object for a list), NaN and Infinity, and a
-huge list. Each refusal is one sentence naming the field.
+huge list. Each refusal is one sentence naming the field. Then the same classes through the CLI, and
+two processes writing into one store and one run history at once.
 """
 
 from __future__ import annotations
@@ -375,3 +376,59 @@ def test_a_record_missing_optional_fields_is_shown_whole(dual, homes, capsys):
     assert main(["runs", "show", RUN_ID]) == 0
     out, err = capsys.readouterr()
     assert err == "" and f"barrier {dual['barrier']:.4f}" in out and "created -" in out
+
+
+# ---------------------------------------------------------------------------------------------
+# Concurrent writers: two processes writing records into one store and one run history at once (two
+# cache builds, two browser tabs keeping runs). Every write is a temporary file renamed over its
+# target, so no reader ever sees a torn file, and no record is lost.
+
+WRITES = 40
+
+
+def _write_many(tag: str, rec: dict, store_dir: str, home: str, shared: str, start) -> None:
+    """One writer: WRITES records into the store (each rebuilding the manifest), WRITES runs into the
+    history, and every record once more over one shared file the other writer also writes."""
+    from engine.history import save_run
+    from engine.results import store, write_record
+
+    start.wait()  # both writers begin together
+    for i in range(WRITES):
+        mine = rec | {"model_a": f"{tag}-{i}", "created": f"{tag}-{i}"}
+        store(mine, Path(store_dir))
+        save_run(mine, root=home)
+        write_record(mine, Path(shared))
+
+
+def test_two_writers_at_once_tear_no_file_and_lose_no_record(dual, tmp_path, monkeypatch):
+    import multiprocessing
+
+    from engine.history import scan_runs
+    from engine.results import list_cached, scan_store
+
+    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+    rec = {k: v for k, v in dual.items() if k not in ("alignment", "arch")}  # 20 kB: a write takes a while
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(2)
+    shared = tmp_path / "shared" / "record.json"
+    writers = [ctx.Process(target=_write_many, args=(tag, rec, str(tmp_path / "store"), str(tmp_path / "home"),
+                                                       str(shared), start)) for tag in ("p", "q")]
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join(timeout=600)
+    assert [w.exitcode for w in writers] == [0, 0]
+    expected = {f"{tag}-{i}" for tag in ("p", "q") for i in range(WRITES)}
+    # The store: every record whole, none lost, the manifest listing them all, no temporary file left.
+    good, problems = scan_store(tmp_path / "store")
+    assert problems == [] and {r["model_a"] for r in good.values()} == expected
+    assert {r["model_a"] for r in list_cached(tmp_path / "store")} == expected
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == sorted([*good, "manifest.json"])
+    # The history: every run whole and kept once.
+    runs, problems = scan_runs(tmp_path / "home")
+    assert problems == [] and sorted(r["created"] for r in runs) == sorted(expected)
+    assert len(list((tmp_path / "home").iterdir())) == 2 * WRITES
+    # The shared file: one writer's whole record, the last one of either.
+    assert record_problem(json.loads(shared.read_text())) is None
+    assert json.loads(shared.read_text())["created"] in {f"{tag}-{WRITES - 1}" for tag in ("p", "q")}
+    assert [p.name for p in shared.parent.iterdir()] == ["record.json"]
