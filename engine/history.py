@@ -32,7 +32,7 @@ from pathlib import Path
 from engine.errors import LMCError, OutputError
 from engine.models.io import read_json_object
 from engine.progress import PHASES
-from engine.results import CACHE, SCHEMA_VERSION, StoreWarning, cache_dir, record_problem, write_record
+from engine.results import CACHE, SCHEMA_VERSION, StoreWarning, cache_dir, fields_problem, record_problem, write_record
 
 STATUSES = ("done", "stopped", "failed")
 MAX_NOTE = 2000  # characters of a run's note
@@ -89,7 +89,11 @@ def _number(v) -> bool:
 
 
 def unfinished_problem(entry: dict, name: str) -> str | None:
-    """Why a stopped or failed run's entry (no result record) is unusable, as a sentence, or None."""
+    """Why a stopped or failed run's entry (no result record) is unusable, as a sentence, or None: the
+    record schema on the fields it has (engine.results.fields_problem), then what such a run needs."""
+    problem = fields_problem(entry, name)
+    if problem:
+        return problem
     for k in ("method", "model_a", "model_b"):
         if not isinstance(entry.get(k), str):
             return f"{name}: a stopped or failed run needs {k} as a string."

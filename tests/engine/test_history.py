@@ -300,7 +300,8 @@ def test_unfinished_runs_are_checked_before_they_are_written(recs, home):
     good = stopped_run(recs)
     f = home / f"run-{good['run']['id']}.json"
     for broken in ({**good, "config": "x"}, {**good, "run": {**good["run"], "seconds": -1}},
-                   {**good, "run": {**good["run"], "note": 5}}):
+                   {**good, "run": {**good["run"], "note": 5}}, {**good, "arch": "x"},
+                   {**good, "timings": {"align": 10**400}}, {**good, "config": {**good["config"], "points": 10**400}}):
         f.write_text(json.dumps(broken))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
