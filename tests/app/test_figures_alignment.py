@@ -3,7 +3,9 @@
 import json
 import math
 
+import numpy as np
 import pytest
+from plotly_json import decode_plotly
 
 from app.figures import alignment as alignment_figs
 from app.figures import style
@@ -259,7 +261,9 @@ def test_sinusoidal_spectrum_relative_to_the_largest_with_the_threshold():
     assert line.y0 == line.y1 == 1e-6 and fig.layout.yaxis.type == "log"
 
 
-def test_every_new_figure_serialises():
+def test_every_new_figure_reaches_the_browser_with_its_traces_and_numbers():
+    """What the browser receives: each figure's JSON decodes to as many traces as the figure draws (at
+    least one), of the same types, carrying the same x, y, z, r and theta values."""
     L = LAYERS[0]
     figs = [
         alignment_figs.head_permutation_figure(L["head_perm"], 2), alignment_figs.head_permutations_overview([L["head_perm"]] * 7),
@@ -272,7 +276,13 @@ def test_every_new_figure_serialises():
         symmetry_figs.sinusoidal_spectrum_figure([1.0, 0.5]),
     ]
     for f in figs:
-        json.loads(f.to_json())
+        sent = decode_plotly(json.loads(f.to_json()))["data"]
+        assert len(sent) == len(f.data) > 0
+        for got, trace in zip(sent, f.data):
+            assert got["type"] == trace.type
+            for k in ("x", "y", "z", "r", "theta"):
+                if k in trace and trace[k] is not None:
+                    assert np.asarray(got[k]).tolist() == np.asarray(trace[k]).tolist(), (trace.type, k)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,13 +5,14 @@ shared input models (bytes, mode, mtime, symlink target), runs `engine.cli.main`
 the refusal and that the snapshot is unchanged. Two cases run the real `python -m engine` entry point.
 Then: store degradation (a broken record is skipped with a warning), resumable `cache build`, output
 writes that keep what the tool did not write, and a Hypothesis search over mutated config.json files
-(a clean ModelError / LMCError, or a model that loads and runs).
+(a model that loads and runs, or a ModelError / LMCError whose one line names the mutated field).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -686,7 +687,7 @@ def test_an_unreadable_manifest_lists_the_records_present(tiny_zoo, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# Hypothesis: any mutation of a config.json is a clean refusal or a model that loads and runs
+# Hypothesis: any mutation of a config.json is a model that loads and runs, or a one-line refusal naming it
 
 JUNK = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 70), st.sampled_from([0.0, -1.0, 1e-5, 2.5, 1e300]),
@@ -716,16 +717,32 @@ def _mutate(cfg: dict, muts) -> dict:
     return cfg
 
 
-def _load_or_refuse(d: Path, cfg: dict, task: str) -> None:
+# A refusal the weights explain: the saved tensors no longer fit a changed or dropped shape field.
+WEIGHTS_DO_NOT_FIT = re.compile(r"does not match its config|has shape .*, config says|could not be loaded as")
+
+
+def _names_the_mutation(msg: str, fields: dict, muts) -> None:
+    """A refusal is one line naming what the mutation touched: a changed or dropped field by name, an added
+    one by its repr, the weights that no longer fit a changed field, or no family when model_type changed."""
+    changed = [k for op, k, _ in muts if op != "add" or k in fields]
+    added = [k for op, k, _ in muts if op == "add" and k not in fields]
+    assert "\n" not in msg, msg
+    named = any(re.search(rf"\b{re.escape(k)}\b", msg) for k in changed) or any(repr(k) in msg for k in added)
+    unfit = bool(changed) and WEIGHTS_DO_NOT_FIT.search(msg) is not None
+    no_family = "model_type" in changed and "is not a supported family" in msg
+    assert named or unfit or no_family, (muts, msg)
+
+
+def _load_or_refuse(d: Path, cfg: dict, fields: dict, muts, task: str) -> None:
+    """config.json becomes `cfg` (`fields` mutated by `muts`): the model loads and gives finite logits, or the
+    refusal names the mutation."""
     (d / "config.json").write_text(json.dumps(cfg))
     try:
         m = load_model(d)
-    except (ModelError, LMCError):
-        return
-    x = torch.randint(0, m.arch.n_out, (1, 4)) if task == "lm" else torch.rand(1, 1, 8, 8)
-    try:
+        x = torch.randint(0, m.arch.n_out, (1, 4)) if task == "lm" else torch.rand(1, 1, 8, 8)
         y = model_logits(m, x)
-    except (ModelError, LMCError):
+    except (ModelError, LMCError) as e:
+        _names_the_mutation(str(e), fields, muts)
         return
     assert torch.isfinite(y).all()
 
@@ -752,18 +769,18 @@ HYP = settings(max_examples=40, deadline=None, derandomize=True,
 @given(muts=_mutations(REF_KEYS))
 def test_mutated_reference_configs_load_or_are_refused(mutable, muts):
     d, cfg = mutable["a"]
-    _load_or_refuse(d, _mutate(cfg, muts), "lm")
+    _load_or_refuse(d, _mutate(cfg, muts), cfg, muts, "lm")
 
 
 @settings(HYP, max_examples=15)
 @given(muts=_mutations(GPT2_KEYS))
 def test_mutated_gpt2_configs_load_or_are_refused(mutable, muts):
     d, cfg = mutable["gpt2"]
-    _load_or_refuse(d, _mutate(cfg, muts), "lm")
+    _load_or_refuse(d, _mutate(cfg, muts), cfg, muts, "lm")
 
 
 @settings(HYP, max_examples=15)
 @given(muts=_mutations(list(VIT_ARGS)))
 def test_mutated_timm_configs_load_or_are_refused(mutable, muts):
     d, cfg = mutable["vit"]
-    _load_or_refuse(d, {**cfg, "model_args": _mutate(cfg["model_args"], muts)}, "vit")
+    _load_or_refuse(d, {**cfg, "model_args": _mutate(cfg["model_args"], muts)}, cfg["model_args"], muts, "vit")

@@ -6,12 +6,28 @@ from dataclasses import replace
 from engine import zoo
 from engine.train import lm_config, vit_config
 
+# The built models (assets/zoo/, cached_results/): name -> task, PE, width, tier, seed.
+NAMES = {
+    "lm-none-s0": ("lm", "none", None, "small", 0), "lm-none-s1": ("lm", "none", None, "small", 1),
+    "lm-learned-s0": ("lm", "learned", None, "small", 0), "lm-learned-s1": ("lm", "learned", None, "small", 1),
+    "lm-sinusoidal-s0": ("lm", "sinusoidal", None, "small", 0),
+    "lm-sinusoidal-s1": ("lm", "sinusoidal", None, "small", 1),
+    "lm-rope-s0": ("lm", "rope", None, "small", 0), "lm-rope-s1": ("lm", "rope", None, "small", 1),
+    "vit-learned-s0": ("vit", "learned", None, "small", 0), "vit-learned-s1": ("vit", "learned", None, "small", 1),
+    "vit-sinusoidal-s0": ("vit", "sinusoidal", None, "small", 0),
+    "vit-sinusoidal-s1": ("vit", "sinusoidal", None, "small", 1),
+    "vit-rope-s0": ("vit", "rope", None, "small", 0), "vit-rope-s1": ("vit", "rope", None, "small", 1),
+    "vit-learned-w128-s0": ("vit", "learned", 128, "small", 0),
+    "vit-learned-w128-s1": ("vit", "learned", 128, "small", 1),
+    "lm-learned-medium-s0": ("lm", "learned", None, "medium", 0),
+    "lm-learned-medium-s1": ("lm", "learned", None, "medium", 1),
+    "vit-learned-s2": ("vit", "learned", None, "small", 2),
+}
+
 
 def test_names_say_task_pe_width_tier_and_seed():
-    for name, e in zoo.ENTRIES.items():
-        width = f"-w{e.width}" if e.width else ""
-        tier = "" if e.tier == "small" else f"-{e.tier}"
-        assert name == f"{e.task}-{e.pe}{width}{tier}-s{e.seed}"
+    assert {n: (e.task, e.pe, e.width, e.tier, e.seed) for n, e in zoo.ENTRIES.items()} == NAMES
+    assert all(e.name == n for n, e in zoo.ENTRIES.items())
 
 
 def test_the_medium_tier_is_the_reference_shape_on_the_same_recipe_stored_in_bfloat16():
