@@ -290,6 +290,7 @@ def trained_pair():
     return [train(cfg, s, tc, progress=False)[0] for s in (0, 1)]
 
 
+@pytest.mark.slow
 def test_learned_and_dual_reduce_the_barrier_below_weight_matching(trained_pair):
     a, b = trained_pair
     es = lm_eval_set("test", 2048, n_ctx=32)

@@ -137,6 +137,7 @@ DETERMINISM_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_weight_matching_is_bitwise_reproducible_across_processes():
     """The same inputs give the same bits whatever Python's hash seed: sums run in a fixed order
     (a set's order once made the zoo's ViT barrier vary from 2.6 to 3.7 between runs)."""
@@ -179,6 +180,7 @@ MEMORY_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_weight_matching_memory_beyond_the_two_models_is_bounded(tmp_path):
     """Resident memory during one weight-matching call on two independent mid-sized GPT-2s (35M
     parameters, float32 products), sampled in a fresh process: less than 1.5 model's bytes above the
