@@ -2,22 +2,19 @@
 naive, per zoo pair, into cached_results/ablation/; resumable run by run."""
 
 import pytest
-from tiny_zoo import CACHED_PAIRS, build_zoo
+from tiny_zoo import CACHED_PAIRS
 
 from engine import api
 
 PAIR = CACHED_PAIRS[0]
 
 
-@pytest.fixture
-def tiny(monkeypatch, tmp_path):
-    monkeypatch.setenv("LMC_ZOO_DIR", str(build_zoo(tmp_path / "zoo")))
-    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
+@pytest.fixture(autouse=True)
+def few_eval_items(monkeypatch):
     monkeypatch.setattr(api, "ABLATION_EVAL_ITEMS", 256)
-    return tmp_path
 
 
-def test_each_class_alone_and_all_together_then_resumed_without_work(tiny, monkeypatch):
+def test_each_class_alone_and_all_together_then_resumed_without_work(tiny_dirs, monkeypatch):
     logged = []
     (abl,) = api.build_ablation(only=[PAIR], log=logged.append)
     labels = [r["label"] for r in abl["runs"]]
@@ -29,7 +26,7 @@ def test_each_class_alone_and_all_together_then_resumed_without_work(tiny, monke
                                 else [r["label"]])
         assert "256 tokens" in r["eval_set"]
     assert api.ablation_record(*PAIR) == abl
-    assert (tiny / "store" / "ablation" / f"{PAIR[0]}__{PAIR[1]}.json").is_file()
+    assert (tiny_dirs / "store" / "ablation" / f"{PAIR[0]}__{PAIR[1]}.json").is_file()
     assert len(logged) == len(labels)
 
     def no_work(*a, **k):
@@ -39,6 +36,6 @@ def test_each_class_alone_and_all_together_then_resumed_without_work(tiny, monke
     assert api.build_ablation(only=[PAIR]) == [abl]
 
 
-def test_a_pair_outside_the_zoo_is_refused(tiny):
+def test_a_pair_outside_the_zoo_is_refused(tiny_dirs):
     with pytest.raises(api.LMCError, match="is not a pair of the zoo"):
         api.build_ablation(only=[("lm-none-s0", "vit-learned-s1")])

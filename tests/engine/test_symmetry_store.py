@@ -1,21 +1,12 @@
 """The zoo's symmetry views, precomputed by `cache build` into cached_results/symmetry/ and read back
 at once; a changed model is computed again, a custom directory always is."""
 
-import pytest
-from tiny_zoo import build_zoo
 
 from engine import api
 from engine.report import plain_statement
 
 
-@pytest.fixture
-def tiny(monkeypatch, tmp_path):
-    monkeypatch.setenv("LMC_ZOO_DIR", str(build_zoo(tmp_path / "zoo")))
-    monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
-    return tmp_path
-
-
-def test_a_stored_view_is_read_back_until_the_weights_change(tiny, monkeypatch):
+def test_a_stored_view_is_read_back_until_the_weights_change(tiny_dirs, monkeypatch):
     name = "lm-rope-s0"
     assert not api.has_precomputed_symmetry(name)
     assert api.build_symmetry([name]) == [name]
@@ -36,14 +27,14 @@ def test_a_stored_view_is_read_back_until_the_weights_change(tiny, monkeypatch):
     assert not api.has_precomputed_symmetry(name)
 
 
-def test_a_stored_view_names_the_zoo_model_not_where_it_lies(tiny):
+def test_a_stored_view_names_the_zoo_model_not_where_it_lies(tiny_dirs):
     api.build_symmetry(["lm-rope-s0"])
     stored = api.symmetry_view("lm-rope-s0")
     assert stored["precomputed"] and stored["report"]["model"] == "lm-rope-s0"
-    assert str(tiny) not in repr(stored)
+    assert str(tiny_dirs) not in repr(stored)
 
 
-def test_the_statement_says_what_is_exact_and_what_breaks(tiny):
+def test_the_statement_says_what_is_exact_and_what_breaks(tiny_dirs):
     view = api.symmetry_view("lm-rope-s0", precomputed=False)
     text = view["statement"]
     exact = [r["group"] for r in view["report"]["checks"] if r["max_rel_change"] < api.EXACT_TOL]
