@@ -5,7 +5,7 @@ result record is plain JSON, written atomically, holding at least: method, model
 lambdas, loss, accuracy, barrier, midpoint_barrier, endpoint_loss_a, endpoint_loss_b, eval_tokens |
 eval_images, timings, config, config_hash and provenance (engine version, git commit, torch and
 transformers versions, device, dtype, threads; engine.api.run_pair's records also reference_gflops,
-the machine's speed as the run started, engine.progress.reference_gflops). Records made since the train curve also hold
+the machine's speed as the run started, engine.timing.reference_gflops). Records made since the train curve also hold
 train_loss, train_accuracy, train_barrier, train_midpoint_barrier, train_eval_set and
 train_eval_tokens | train_eval_images (TRAIN_FIELDS);
 older ones lack them and stay valid.

@@ -20,7 +20,8 @@ from engine.errors import Cancelled, LMCError
 from engine.evaluate import evaluate, lm_eval_set
 from engine.interpolate import interpolate
 from engine.models import canonical, save_model
-from engine.progress import PHASES, Phases, Update, estimate_seconds, fmt_seconds, relabel, remaining_seconds
+from engine.progress import PHASES, Phases, Update, fmt_seconds, relabel, remaining_seconds
+from engine.timing import estimate_seconds
 from engine.results import RunConfig
 from engine.spec import build_spec
 
