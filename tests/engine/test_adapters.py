@@ -176,6 +176,20 @@ def test_save_load_round_trip_is_bit_identical(case: Case, tmp_path: Path):
         assert torch.equal(fam.logits(model, x), fam.logits(back, x))
 
 
+def test_save_load_save_writes_the_same_tensors_and_config(case: Case, tmp_path: Path):
+    """A saved model, loaded and saved again, is the same checkpoint: every stored tensor bit for bit (same
+    names, dtypes and values) and the same config.json."""
+    fam = FAMILIES[case.family]
+    fam.save(randomise(case.build(0), 1), tmp_path / "first")
+    fam.save(load_model(tmp_path / "first", dtype=F64), tmp_path / "second")
+    first, second = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("first", "second"))
+    assert first.keys() == second.keys() and len(first) > 10
+    for k in first:
+        assert first[k].dtype == second[k].dtype == F64 and torch.equal(first[k], second[k]), k
+    configs = [json.loads((tmp_path / d / "config.json").read_text()) for d in ("first", "second")]
+    assert configs[0] == configs[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # (b) canonical -> native in place
 
