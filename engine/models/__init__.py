@@ -98,11 +98,10 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
         check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
     if fam == "reference":
         return RefConfig.from_dict(config).arch()
+    hf = {f.model_type: f for f in FAMILIES.values() if f.config_arch is not None}
     mt = config.get("model_type")
-    if mt == "gpt2":
-        from transformers import GPT2Config
-
-        return hf_gpt2.arch(GPT2Config(**{k: v for k, v in config.items() if k != "model_type"}), source)
+    if mt in hf:
+        return hf[mt].config_arch(config, source)
     for layout in (hf_llama.LAYOUT, hf_qwen2.LAYOUT, hf_qwen3.LAYOUT, hf_mistral.LAYOUT):
         if mt == layout.model_type:
             return layout.arch(layout.config(config), source)

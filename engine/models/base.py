@@ -139,3 +139,6 @@ class Family:
     # a module over the canonical params (parameter names = canonical keys) computing the same function, for a
     # family the reference family cannot express (engine.align.common.twin); None: the reference-family twin
     twin: Callable[[Model], Model] | None = None
+    model_type: str | None = None  # config.json's model_type of an HF family
+    # the Arch of a config.json dict without weights (engine.models.arch_from_config); None: not read this way
+    config_arch: Callable[[dict, str], Arch] | None = None
