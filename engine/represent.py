@@ -41,7 +41,7 @@ def is_encoder(arch: Arch) -> bool:
 def encoder_pair(model_a: str | Path, model_b: str | Path) -> bool:
     """Whether a pair is of encoders without a head, from the configs; False for a pair engine.api.check_pair
     refuses, whose loss path then names the problem as for any pair."""
-    from engine.api import check_pair
+    from engine.pipeline import check_pair
 
     try:
         return is_encoder(check_pair(model_a, model_b)[0].arch)

@@ -98,7 +98,7 @@ def same_arch(a: dict | None, b: dict) -> bool:
 
 def naive_paths(arch) -> int:
     """Paths a naive run walks: its own, and again in the aligned runs' coordinates when those differ
-    (engine.api.naive_in_aligned_coordinates). `arch`: an Arch or its dict; 1 for a dict it cannot read."""
+    (engine.pipeline.naive_in_aligned_coordinates). `arch`: an Arch or its dict; 1 for a dict it cannot read."""
     from engine.classes import choose_classes
     from engine.models.base import Arch
 

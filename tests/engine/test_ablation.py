@@ -4,14 +4,14 @@ naive, per zoo pair, into cached_results/ablation/; resumable run by run."""
 import pytest
 from tiny_zoo import CACHED_PAIRS
 
-from engine import api
+from engine import api, builders
 
 PAIR = CACHED_PAIRS[0]
 
 
 @pytest.fixture(autouse=True)
 def few_eval_items(monkeypatch):
-    monkeypatch.setattr(api, "ABLATION_EVAL_ITEMS", 256)
+    monkeypatch.setattr(builders, "ABLATION_EVAL_ITEMS", 256)
 
 
 def test_each_class_alone_and_all_together_then_resumed_without_work(tiny_dirs, monkeypatch):
@@ -32,7 +32,7 @@ def test_each_class_alone_and_all_together_then_resumed_without_work(tiny_dirs, 
     def no_work(*a, **k):
         raise AssertionError("an up-to-date run was recomputed")
 
-    monkeypatch.setattr(api, "run_pair", no_work)
+    monkeypatch.setattr(builders, "run_pair", no_work)
     assert api.build_ablation(only=[PAIR]) == [abl]
 
 

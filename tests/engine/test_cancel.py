@@ -200,10 +200,10 @@ def test_run_pair_stops_in_the_phase_it_was_cancelled_in(model_dirs):
 
 
 def test_a_run_pair_cancelled_before_it_starts_loads_nothing(model_dirs, monkeypatch):
-    from engine import api
+    from engine import pipeline
 
     loaded = []
-    monkeypatch.setattr(api, "load_named", lambda *a: loaded.append(a))
+    monkeypatch.setattr(pipeline, "load_named", lambda *a: loaded.append(a))
     token = CancelToken()
     token.cancel()
     with pytest.raises(Cancelled, match="loading, model A"):

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine import api
+from engine import api, pipeline
 from engine.errors import ArchitectureMismatch, ModelError
 from engine.models import save_model
 from engine.models.reference import RefConfig, build
@@ -61,6 +61,6 @@ def test_run_pair_refuses_a_mismatch_before_loading(dirs, monkeypatch):
     def no_loading(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(api, "load_named", no_loading)
+    monkeypatch.setattr(pipeline, "load_named", no_loading)
     with pytest.raises(ArchitectureMismatch, match="reference LM and model B a reference ViT"):
         api.run_pair(RunConfig(str(dirs / "a"), str(dirs / "vit")))

@@ -221,12 +221,12 @@ def test_the_cli_writes_a_record_whose_lift_and_endpoints_check(tmp_path, capsys
 
 
 def test_cache_build_widen_writes_naive_and_weight_once(tmp_path, monkeypatch, capsys):
-    from engine import api
+    from engine import api, builders
     from engine.cli import main
 
     a, b = vit_pair(tmp_path)
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
-    monkeypatch.setattr(api, "widen_pairs", lambda: [(a, b)])
+    monkeypatch.setattr(builders, "widen_pairs", lambda: [(a, b)])
     monkeypatch.setattr(api, "WIDEN_METHODS", ("naive", "weight"))
     assert main(["cache", "build", "--widen", "--eval-items", "16"]) == 0, capsys.readouterr().err
     recs, skipped = api.widen_records()
@@ -235,6 +235,6 @@ def test_cache_build_widen_writes_naive_and_weight_once(tmp_path, monkeypatch, c
     assert naive["endpoint_loss_a"] == pytest.approx(weight["endpoint_loss_a"], rel=1e-5)
     assert "barrier_folded" in naive and naive["lift"]["exact"] and weight["lift"]["exact"]
     stamp = api.widen_stamp()
-    monkeypatch.setattr(api, "widen_pair", lambda *a, **k: pytest.fail("a stored record was recomputed"))
+    monkeypatch.setattr(builders, "widen_pair", lambda *a, **k: pytest.fail("a stored record was recomputed"))
     assert main(["cache", "build", "--widen", "--eval-items", "16"]) == 0, capsys.readouterr().err
     assert api.widen_stamp() == stamp

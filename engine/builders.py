@@ -1,0 +1,538 @@
+"""The precomputed stores under cached_results/ and how the pages read them: result records of every zoo
+pair x method (build_cache), the class ablation, the loss planes, the width-heterogeneous and multi-model
+records, the Symmetry page's views; each with its directory, its reader and a stamp that changes when it
+is rewritten (the app's cache keys). Every record comes from engine.pipeline; engine.api re-exports these
+names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from engine.errors import LMCError
+from engine.history import runs_dir
+from engine.models.base import Arch
+from engine.models.io import check_output_dir
+from engine.pipeline import (
+    check_widen,
+    final_config,
+    model_info,
+    multi_models,
+    plane_pair,
+    run_pair,
+    widen_pair,
+)
+from engine.results import (
+    RunConfig,
+    StoreWarning,
+    cache_dir,
+    cache_file,
+    cached_record,
+    list_cached,
+    store,
+    write_manifest,
+)
+from engine.zoo import ENTRIES, display_name, pairs, resolve
+
+# The default evaluation size of the CLI and of cached records: the first 65,536 tokens (512 windows
+# of 128) of the 196,608-token LM test split, or all 360 digits test images. The barrier's standard
+# error at this size is far below the differences between methods, and the whole LM split would
+# triple the cost of every path (bench/RESULTS.md); `--eval-items all` scores the whole split.
+DEFAULT_EVAL_ITEMS = 65_536
+
+
+def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAULT_EVAL_ITEMS,
+                only: list[tuple[str, str]] | None = None, force: bool = False,
+                log: Callable[[str], None] | None = None) -> list[dict]:
+    """Precompute a record for every same-architecture zoo pair x method into the store; resumable.
+
+    Everything is validated before any work: the methods, the pairs (zoo pairs only) and the store
+    directory. A stored record whose config hash matches the run's and that has a train curve and a
+    barrier attribution is kept as it is (a killed build resumes where it stopped; `force` recomputes
+    everything); a broken one, or one from before records had both, is recomputed. The manifest
+    is rebuilt from the records present. Returns the records of every pair x method, kept or new.
+    """
+    from tqdm import tqdm
+
+    from engine.align import METHODS
+    from engine.zoo import ENTRIES
+
+    methods = list(methods or METHODS)  # learned / dual use their registry's fixed budget (engine/align)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise LMCError(f"Unknown method {bad[0]!r}; choose from: {', '.join(METHODS)}.")
+    zoo_pairs = pairs()
+    todo_pairs = list(zoo_pairs if only is None else only)
+    for p in todo_pairs:
+        if tuple(p) not in zoo_pairs:
+            raise LMCError(f"{p[0]} / {p[1]} is not a pair of the zoo (same task and positional encoding).")
+    if not todo_pairs or not methods:
+        raise LMCError("Nothing to build: no pair or no method selected.")
+    root = cache_dir()
+    check_output_dir(root, overwrite=True, name="Result store")  # a writable directory, or creatable
+    out, todo = [], []
+    for a, b in todo_pairs:
+        for m in methods:
+            cfg = RunConfig(a, b, m, eval_items=eval_items)
+            old = cached_record(a, b, m, root)
+            current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
+            if current and not force and "train_loss" in old and "attribution" in old:  # older records are redone
+                out.append(old)
+            else:
+                todo.append(cfg)
+    for cfg in todo:  # every model the work needs is built, before any of it starts
+        resolve(cfg.model_a)
+        resolve(cfg.model_b)
+    write_manifest(root)  # reconcile with the records present (a build killed earlier)
+    if log:
+        log(f"cache: {len(out)} record(s) up to date, {len(todo)} to compute")
+    for cfg in tqdm(todo, desc="cache", disable=not todo):
+        rec = run_pair(cfg)
+        store(rec, root)
+        out.append(rec)
+    return out
+
+
+PLANE_METHOD = "weight"  # the store's planes: data-free, seconds per pair, the classic picture
+
+
+def plane_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "plane"
+
+
+def plane_file(model_a: str, model_b: str, method: str = PLANE_METHOD, root: Path | None = None) -> Path:
+    return plane_dir(root) / f"{model_a}__{model_b}__{method}.json"
+
+
+def plane_record(model_a: str, model_b: str, method: str = PLANE_METHOD, root: Path | None = None) -> dict | None:
+    """The stored loss plane of a zoo pair and method, or None when it has not been built."""
+    from engine.models.io import read_json_object
+
+    f = plane_file(model_a, model_b, method, root)
+    return read_json_object(f, max_bytes=None) if f.is_file() else None
+
+
+def build_planes(only: list[tuple[str, str]] | None = None, force: bool = False,
+                 log: Callable[[str], None] | None = None) -> list[dict]:
+    """The loss plane (weight matching, PLANE_EVAL_ITEMS, an 11 x 11 grid) of every zoo pair into the
+    store's plane/ directory; a pair whose plane is there is kept unless `force`."""
+    from engine.models.io import check_output_dir, write_json_atomic
+
+    todo = list(only if only is not None else pairs())
+    check_output_dir(plane_dir(), overwrite=True, name="Plane store")
+    out = []
+    for a, b in todo:
+        old = None if force else plane_record(a, b)
+        if old is not None:
+            out.append(old)
+            continue
+        if log:
+            log(f"plane: {a} / {b}")
+        rec = plane_pair(a, b, PLANE_METHOD)
+        f = plane_file(a, b)
+        f.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(f, rec, allow_nan=False)
+        out.append(rec)
+    return out
+
+
+# The width-heterogeneous records of the zoo (engine.pipeline.widen_pair) live under cached_results/widen/,
+# apart from the same-width pairs.
+
+WIDEN_METHODS = ("naive", "weight")  # the store's: the lifted A as it is, and weight matching (data-free, seconds)
+
+
+def widen_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "widen"
+
+
+def widen_file(model_a: str, model_b: str, method: str, root: Path | None = None) -> Path:
+    """The stored record of a pair and method, named by the models' zoo (or directory) names."""
+    return widen_dir(root) / f"{display_name(model_a)}__{display_name(model_b)}__{method}.json"
+
+
+def widen_pairs() -> list[tuple[str, str]]:
+    """The zoo's width-heterogeneous pairs: each wider model's seed-0 recipe with the zoo's own width's seed 0."""
+    return [(n.replace(f"-w{e.width}", ""), n) for n, e in ENTRIES.items()
+            if e.width is not None and e.seed == 0 and n.replace(f"-w{e.width}", "") in ENTRIES]
+
+
+def widen_records(root: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored width-heterogeneous record (sorted by pair, then naive before the aligners) and a
+    sentence per file skipped as unusable."""
+    from engine.align import METHODS
+    from engine.results import load_record
+
+    d = widen_dir(root)
+    recs, skipped = [], []
+    for f in sorted(d.glob("*__*__*.json")) if d.is_dir() else []:
+        try:
+            rec = load_record(f)
+        except LMCError as e:
+            skipped.append(str(e))
+            continue
+        if "lift" not in rec:
+            skipped.append(f"Result file {f} is not a width-heterogeneous record (it has no lift).")
+            continue
+        recs.append(rec)
+    order = {m: i for i, m in enumerate(METHODS)}
+    recs.sort(key=lambda r: (r["model_a"], r["model_b"], order.get(r["method"], len(order)), r["method"]))
+    return recs, skipped
+
+
+def widen_stamp() -> int:
+    """Changes when a stored width-heterogeneous record is written: a cache key for widen_records."""
+    d = widen_dir()
+    return hash(tuple((f.name, _mtime(f)) for f in sorted(d.glob("*.json")))) if d.is_dir() else 0
+
+
+def build_widen(methods: tuple[str, ...] = WIDEN_METHODS, eval_items: int | None = DEFAULT_EVAL_ITEMS,
+                force: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+    """The width-heterogeneous records of the zoo (widen_pairs x `methods`) into the store's widen/ directory;
+    a record whose config hash is that of the run it would do is kept unless `force`."""
+    from engine.models.io import check_output_dir
+    from engine.results import load_record, write_record
+
+    check_output_dir(widen_dir(), overwrite=True, name="Widen store")
+    todo = widen_pairs()
+    for a, b in todo:  # every model is built before any work starts
+        resolve(a)
+        resolve(b)
+    out = []
+    for a, b in todo:
+        for m in methods:
+            cfg = RunConfig(a, b, m, eval_items=eval_items)
+            f = widen_file(a, b, m)
+            old = None
+            if f.is_file() and not force:
+                try:
+                    old = load_record(f)
+                except LMCError:
+                    old = None
+            if old is not None and old["config_hash"] == final_config(cfg, check_widen(a, b)[0].arch.task).hash():
+                out.append(old)
+                continue
+            if log:
+                log(f"widen: {a} into {b}, {m}")
+            rec = widen_pair(cfg)
+            f.parent.mkdir(parents=True, exist_ok=True)
+            write_record(rec, f)
+            out.append(rec)
+    return out
+
+
+# The multi-model records (engine.pipeline.multi_models) live under cached_results/multi/.
+
+
+def multi_records(root: Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored multi-model record and a sentence per file skipped (engine.multi.stored)."""
+    from engine.multi import stored
+
+    return stored(root)
+
+
+def multi_stamp() -> int:
+    """Changes when a stored multi-model record is written: a cache key for multi_records."""
+    from engine.multi import store_stamp
+
+    return store_stamp()
+
+
+def build_multi(force: bool = False, log: Callable[[str], None] | None = None) -> list[dict]:
+    """The store's multi-model records (engine.multi.SETS, to the reference and to the barycentre, on
+    MULTI_EVAL_ITEMS) into cached_results/multi/; a usable record already there is kept unless `force`."""
+    from engine import multi
+
+    check_output_dir(multi.store_dir(), overwrite=True, name="Multi-model store")
+    for names in multi.SETS:  # every model is built before any work starts
+        for n in names:
+            resolve(n)
+    out = []
+    for names in multi.SETS:
+        for to in multi.TOS:
+            f = multi.store_file(names, to)
+            old = None
+            if f.is_file() and not force:
+                try:
+                    old = multi.read_record(f)
+                except LMCError:
+                    old = None
+            if old is not None:
+                out.append(old)
+                continue
+            if log:
+                log(f"multi: {', '.join(names)} to the {to}")
+            rec = multi_models(list(names), to)
+            multi.write_record(rec, f)
+            out.append(rec)
+    return out
+
+
+# The class ablation: weight matching on every zoo pair with each symmetry class alone and all of
+# them together, on a reduced evaluation (the first 8,192 tokens, or every test image, at 11 points)
+# so the whole build fits in minutes; one small JSON per pair under cached_results/ablation/.
+ABLATION_EVAL_ITEMS = 8_192
+ABLATION_POINTS = 11
+ABLATION_METHOD = "weight"
+ABLATION_KEEP = ("lambdas", "loss", "accuracy", "barrier", "midpoint_barrier", "accuracy_drop", "eval_set",
+                 "config_hash")
+
+
+def ablation_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "ablation"
+
+
+def ablation_file(model_a: str, model_b: str, root: Path | None = None) -> Path:
+    return ablation_dir(root) / f"{model_a}__{model_b}.json"
+
+
+def ablation_record(model_a: str, model_b: str, root: Path | None = None) -> dict | None:
+    """The stored ablation of a zoo pair, or None when it has not been built."""
+    from engine.models.io import read_json_object
+
+    f = ablation_file(model_a, model_b, root)
+    return read_json_object(f, max_bytes=None, allow_nan=True) if f.is_file() else None
+
+
+def _ablation_row(label: str, classes: list[str], rec: dict) -> dict:
+    return {"label": label, "classes": classes, "method": rec["method"], **{k: rec.get(k) for k in ABLATION_KEEP},
+            "align_seconds": rec["timings"]["align"]}
+
+
+def build_ablation(only: list[tuple[str, str]] | None = None, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> list[dict]:
+    """Weight matching restricted to each symmetry class alone, then all classes, beside naive, for every
+    zoo pair (or `only` those); resumable run by run (a run whose config hash is stored is kept).
+
+    The classes are those the full run used (the model's default set); each ablation is written after
+    every run, so a killed build resumes where it stopped. Returns the ablations.
+    """
+    todo_pairs = list(pairs() if only is None else only)
+    for p in todo_pairs:
+        if tuple(p) not in pairs():
+            raise LMCError(f"{p[0]} / {p[1]} is not a pair of the zoo (same task and positional encoding).")
+    check_output_dir(ablation_dir(), overwrite=True, name="Ablation store")
+    for a, b in todo_pairs:  # every model is built before any work starts
+        resolve(a)
+        resolve(b)
+    return [_ablate_pair(a, b, force, log) for a, b in todo_pairs]
+
+
+def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None) -> dict:
+    from engine.models.io import write_json_atomic
+
+    old = None if force else ablation_record(a, b)
+    kept = {r["label"]: r for r in (old or {}).get("runs", [])}
+    abl = {"schema": 1, "model_a": a, "model_b": b, "method": ABLATION_METHOD, "points": ABLATION_POINTS,
+           "eval_items": ABLATION_EVAL_ITEMS, "runs": []}
+
+    def run(label: str, method: str, classes: tuple[str, ...]) -> dict:
+        cfg = RunConfig(a, b, method, classes=classes, points=ABLATION_POINTS, eval_items=ABLATION_EVAL_ITEMS)
+        row = kept.get(label)
+        if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].task).hash():
+            if log:
+                log(f"ablation {a} / {b}: {label}")
+            rec = run_pair(cfg, train_curve=False)  # the ablation keeps test curves only
+            row = _ablation_row(label, list(rec["alignment"]["classes"]) if method != "naive" else [], rec)
+        abl["runs"].append(row)
+        write_json_atomic(ablation_file(a, b), abl)  # after every run: a killed build resumes here
+        return row
+
+    run("none", "naive", ())
+    for c in run("all", ABLATION_METHOD, ())["classes"]:
+        run(c, ABLATION_METHOD, (c,))
+    return abl
+
+
+
+# The Symmetry page's data for one model, preset config or directory; the zoo's are precomputed by
+# `cache build` into cached_results/symmetry/ so the page opens at once (recomputed when the weights change).
+PE_CASES = ("none", "learned", "sinusoidal", "rope", "rope_qk_norm")  # dims_by_pe's keys
+
+
+def dims_by_pe(arch: Arch) -> dict[str, dict]:
+    """group_dimension of `arch`'s shape under each positional encoding (RoPE rotating whole heads), and under
+    RoPE with QK-norm (`rope_qk_norm`: queries and keys normalised per head before RoPE, as in Qwen3)."""
+    from engine.groups import group_dimension
+
+    out = {}
+    for case in PE_CASES:
+        pe = case.removesuffix("_qk_norm")
+        rope, qk_norm = pe == "rope", case == "rope_qk_norm"  # QK-norm is described with whole-head RoPE only
+        out[case] = group_dimension(replace(
+            arch, pe=pe, rotary_dim=(arch.d_head if qk_norm else arch.rotary_dim or arch.d_head) if rope else 0,
+            rope_layout=(arch.rope_layout or "interleaved") if rope else None,
+            rope_base=(arch.rope_base or 10000.0) if rope else arch.rope_base, qk_norm=qk_norm))
+    return out
+
+
+def symmetry_dir(root: Path | None = None) -> Path:
+    return Path(root or cache_dir()) / "symmetry"
+
+
+def _weights_sha256(name: str) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(ENTRIES[name].path.glob("*.safetensors")) + [ENTRIES[name].path / "config.json"]:
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def _precomputed_symmetry(name: str) -> dict | None:
+    """The stored view of a zoo model, when it was computed from the weights now on disk."""
+    from engine.models.io import read_json_object
+
+    f = symmetry_dir() / f"{name}.json"
+    if not f.is_file() or not (ENTRIES[name].path / "model.safetensors").is_file():
+        return None
+    try:
+        view = read_json_object(f, max_bytes=None, allow_nan=True)
+    except LMCError:
+        return None  # unreadable: computed again
+    return view if view.get("weights_sha256") == _weights_sha256(name) else None
+
+
+def symmetry_stamp(name_or_path: str) -> int:
+    """Changes when a model's weights or config do, or a zoo model's stored view (`cache build`): a cache key
+    for symmetry_view and has_precomputed_symmetry, which read and hash the weights."""
+    stored = symmetry_dir() / f"{name_or_path}.json" if name_or_path in ENTRIES else None
+    return hash((zoo_stamp(name_or_path), _mtime(stored) if stored else 0))
+
+
+def has_precomputed_symmetry(name: str) -> bool:
+    """Whether `cache build` stored the view of zoo model `name` for the weights now on disk."""
+    return name in ENTRIES and _precomputed_symmetry(name) is not None
+
+
+def symmetry_view(target: str | dict, dims_only: bool = False, precomputed: bool = True) -> dict:
+    """{"report": symmetry_report, "statement": plain_statement, "spectrum": the whole sinusoidal spectrum or
+    None, "by_pe": dims_by_pe, "precomputed": bool} of a zoo name, a model directory or a config dict.
+
+    A directory or zoo name is checked first (model_info: one sentence per problem, as on every page);
+    a zoo model's stored view is used when its weights have not changed since (`precomputed`).
+    """
+    from engine.groups import sinusoidal_spectrum
+    from engine.report import plain_statement, symmetry_report
+
+    if isinstance(target, str):
+        model_info(target)
+        if precomputed and not dims_only and target in ENTRIES:
+            view = _precomputed_symmetry(target)
+            if view is not None:  # by_pe from the formulas, not the store: every case of PE_CASES
+                return {k: v for k, v in view.items() if k != "weights_sha256"} | {
+                    "by_pe": dims_by_pe(Arch(**view["report"]["arch"])), "precomputed": True}
+    rep = symmetry_report(target, dims_only=dims_only)
+    spectrum = None
+    if rep.get("sinusoidal"):
+        sp = rep["sinusoidal"]
+        spectrum = sinusoidal_spectrum(sp["n_pos"], sp["d_model"], sp["rtol"])
+    return {"report": rep, "statement": plain_statement(rep), "spectrum": spectrum, "by_pe": dims_by_pe(Arch(**rep["arch"])),
+            "precomputed": False}
+
+
+def build_symmetry(names: list[str] | None = None, force: bool = False,
+                   log: Callable[[str], None] | None = None) -> list[str]:
+    """Precompute the Symmetry page's view of every built zoo model (or `names`) into cached_results/symmetry/;
+    a view whose weights are unchanged is kept unless `force`. Returns the names written or kept."""
+    from engine.models.io import write_json_atomic
+
+    todo = [n for n in (names or ENTRIES) if (ENTRIES[n].path / "model.safetensors").is_file()]
+    check_output_dir(symmetry_dir(), overwrite=True, name="Symmetry store")
+    for n in todo:
+        if not force and _precomputed_symmetry(n) is not None:
+            continue
+        if log:
+            log(f"symmetry: {n}")
+        view = symmetry_view(n, precomputed=False)
+        view.pop("precomputed")
+        write_json_atomic(symmetry_dir() / f"{n}.json", view | {"weights_sha256": _weights_sha256(n)})
+    return todo
+
+
+def symmetry_json(report: dict) -> bytes:
+    """A symmetry report as the JSON file the app and the CLI hand out."""
+    import json
+
+    return (json.dumps(report, indent=1) + "\n").encode()
+
+
+def symmetry_markdown(report: dict, statement: str | None = None) -> bytes:
+    """A symmetry report as Markdown: the plain statement, then the CLI's table."""
+    from engine.report import format_report, plain_statement
+
+    name = display_name(report["model"]) if report["model"] != "config" else "config"
+    return (f"# Symmetry report: {name}\n\n{statement or plain_statement(report)}\n\n```\n"
+            f"{format_report(report)}\n```\n").encode()
+
+
+# ---------------------------------------------------------------------------------------------
+# The store and the zoo, as the pages read them
+
+
+def pair_records(model_a: str, model_b: str, root: str | Path | None = None) -> tuple[list[dict], list[str]]:
+    """Every usable stored record of a pair (one per method, in store order) and a sentence per record
+    skipped as unreadable or incomplete (the others are still returned)."""
+    import warnings
+
+    root = Path(root or cache_dir())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rows = [r for r in list_cached(root) if (r["model_a"], r["model_b"]) == (model_a, model_b)]
+        recs = [cached_record(model_a, model_b, r["method"], root) for r in rows]
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    return [r for r in recs if r], [s[:1].upper() + s[1:] for s in skipped]
+
+
+def pair_record(model_a: str, model_b: str, method: str, root: str | Path | None = None) -> dict | None:
+    """The stored record of one pair and method; None when there is none; an unusable one is an LMCError."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StoreWarning)
+        rec = cached_record(model_a, model_b, method, Path(root or cache_dir()))
+    skipped = [str(w.message) for w in caught if issubclass(w.category, StoreWarning)]
+    if skipped:
+        raise LMCError(skipped[0][:1].upper() + skipped[0][1:])
+    return rec
+
+
+def _mtime(f: Path) -> int:
+    return f.stat().st_mtime_ns if f.exists() else 0
+
+
+def store_stamp() -> int:
+    """Changes whenever the store's manifest is rewritten: a cache key for pair_records."""
+    return _mtime(cache_dir() / "manifest.json")
+
+
+def record_stamp(model_a: str, model_b: str, method: str) -> int:
+    """Changes whenever one stored record is rewritten: a cache key for pair_record."""
+    return _mtime(cache_file(model_a, model_b, method, cache_dir()))
+
+
+def runs_stamp() -> int:
+    """Changes whenever a run of the history is kept, rewritten or deleted: a cache key for scan_runs, which
+    reads and checks every run's record."""
+    import os
+
+    d = runs_dir()
+    if not d.is_dir():
+        return 0
+    with os.scandir(d) as entries:
+        return hash(tuple(sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size) for e in entries)))
+
+
+def built_zoo() -> list[str]:
+    """The zoo models whose weights are on disk."""
+    return [n for n, e in ENTRIES.items() if (e.path / "model.safetensors").is_file()]
+
+
+def zoo_stamp(name_or_path: str) -> int:
+    """Changes when a model's weights or config do: a cache key for anything computed from them."""
+    path = ENTRIES[name_or_path].path if name_or_path in ENTRIES else Path(name_or_path)
+    for f in (path / "model.safetensors", path / "config.json", path):
+        if f.exists():
+            return _mtime(f)
+    return 0
