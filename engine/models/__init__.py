@@ -105,8 +105,6 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
     for layout in (hf_llama.LAYOUT, hf_qwen2.LAYOUT, hf_qwen3.LAYOUT, hf_mistral.LAYOUT):
         if mt == layout.model_type:
             return layout.arch(layout.config(config), source)
-    if mt == "gpt_neox":
-        return hf_neox.arch(hf_neox.config_from_dict(config, source), source)
     if mt == "bert":
         from transformers import BertConfig
 

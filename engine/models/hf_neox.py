@@ -22,35 +22,17 @@ own path unchanged). LayerNorm is torch's own and already exact. Nothing about t
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from engine.errors import ModelError
 from engine.models import native as nat
-from engine.models.base import Arch, Family, Model, Params
+from engine.models.base import Arch
+from engine.models.hf_family import LINEAR, ROPE_SCALING, SAME, WRITER, Conv, HFFamily, Key, KeyMap, activation
 from engine.models.hf_gpt2 import ACTIVATIONS
-from engine.models.io import read_config
-
-if TYPE_CHECKING:
-    from transformers import GPTNeoXConfig
-
-FAMILY = "hf_neox"
-MODEL_TYPE = "gpt_neox"
-DISPLAY = "GPT-NeoX / Pythia (Hugging Face transformers)"
 
 
-def arch(config: GPTNeoXConfig, source: str = "GPT-NeoX config") -> Arch:
-    """The architecture summary; refuses GPT-NeoX options the canonical layout cannot express."""
-    def refuse(option: str, why: str) -> None:
-        raise ModelError(f"{source} uses {option}, which the engine does not support ({why}).")
-
+def _summary(config, refuse) -> Arch:
     rp = nat.rope_parameters(config)
-    if rp.get("rope_type", "default") != "default":
-        refuse(f"rope_type={rp['rope_type']!r}", "RoPE frequency scaling; only standard RoPE is supported")
-    if config.hidden_act not in ACTIVATIONS:
-        refuse(f"hidden_act={config.hidden_act!r}", f"supported: {sorted(ACTIVATIONS)}")
     h = config.num_attention_heads
     d = config.hidden_size // h
     prf = float(rp.get("partial_rotary_factor", 1.0))
@@ -60,7 +42,7 @@ def arch(config: GPTNeoXConfig, source: str = "GPT-NeoX config") -> Arch:
                "positive number of them")
     bias = bool(config.attention_bias)
     return Arch(
-        family=FAMILY, task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
+        family="hf_neox", task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
         n_heads=h, n_kv_heads=h, d_head=d, d_mlp=config.intermediate_size, n_out=config.vocab_size,
         n_ctx=config.max_position_embeddings, pe="rope", rope_layout="half", rotary_dim=r,
         rope_base=float(rp.get("rope_theta", 10000.0)), norm="layernorm", norm_bias=True,
@@ -69,18 +51,6 @@ def arch(config: GPTNeoXConfig, source: str = "GPT-NeoX config") -> Arch:
         mlp_bias=True, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
         parallel_residual=bool(config.use_parallel_residual),
     )
-
-
-def config_from_dict(config: dict, source: str = "The config") -> GPTNeoXConfig:
-    """A GPTNeoXConfig from a config.json dict (hub names rotary_pct / rotary_emb_base included)."""
-    from huggingface_hub.errors import StrictDataclassError
-    from transformers import GPTNeoXConfig
-
-    try:
-        return GPTNeoXConfig(**{k: v for k, v in config.items() if k != "model_type"})
-    except (StrictDataclassError, TypeError, ValueError) as e:
-        msg = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
-        raise ModelError(f"{source} is not a valid GPT-NeoX config ({msg}).") from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,106 +88,42 @@ def _make_exact(module) -> None:
 # Adapter
 
 
-def wrap(module, name: str = "", path: Path | None = None, source: str = "GPT-NeoX config") -> Model:
-    """A Model handle around a GPTNeoXForCausalLM (checks the architecture, makes float64 exact)."""
-    a = arch(module.config, source)
-    _make_exact(module)
-    return Model(FAMILY, a, module.eval(), module.config.to_dict(), name=name, path=path)
+def _qkv_to(W: torch.Tensor, a: Arch) -> tuple[torch.Tensor, ...]:
+    qkv = W.T.reshape(a.d_model, a.n_heads, 3, -1)  # [D, h, 3, d]: per-head q, k, v
+    return tuple(qkv[:, :, i].permute(1, 0, 2) for i in range(3))  # 3 x [h, D, d]
 
 
-def build(config: GPTNeoXConfig | dict, seed: int = 0, dtype: torch.dtype = torch.float32) -> Model:
-    """A freshly initialised GPT-NeoX (HF's own init) for tests."""
-    from transformers import GPTNeoXForCausalLM
+# query_key_value's output rows run [h, 3, d], its bias too
+QKV = Conv(_qkv_to, lambda ts, a: torch.stack(list(ts), 1).permute(0, 1, 3, 2).reshape(-1, a.d_model))  # [h*3*d, D]
+QKV_BIAS = Conv(lambda b, a: tuple(b.reshape(a.n_heads, 3, -1).unbind(1)), lambda ts, a: torch.stack(list(ts), 1).reshape(-1))
 
-    if isinstance(config, dict):
-        config = config_from_dict(config)
-    arch(config)  # refuse before spending time on construction
-    config._attn_implementation = "sdpa"  # eager attention runs softmax in float32
-    with nat.seeded(seed):
-        module = GPTNeoXForCausalLM(config)
-    return wrap(module.to(dtype))
-
-
-def detect(path: Path) -> bool:
-    return nat.hf_model_type(path) == MODEL_TYPE
-
-
-def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
-    from transformers import GPTNeoXForCausalLM
-
-    path = Path(path)
-    if detect(path):  # refuse a bad or unsupported config in one sentence before HF reads any weights
-        arch(config_from_dict(read_config(path), f"The config.json of model directory {path}"),
-             f"Model directory {path}")
-    module = nat.load_hf(GPTNeoXForCausalLM, path, dtype, MODEL_TYPE, DISPLAY)
-    return wrap(module, name=path.name, path=path, source=f"Model directory {path}")
-
-
-def save(model: Model, path: Path) -> None:
-    nat.save_hf(model.module, Path(path))
-
-
-def to_canonical(model: Model) -> Params:
-    a, nx = model.arch, model.module.gpt_neox
-    D, h = a.d_model, a.n_heads
-    p: Params = {"embed.tok": nx.embed_in.weight}
-    for l, layer in enumerate(nx.layers):
-        pre, at, mlp = f"blocks.{l}.", layer.attention, layer.mlp
-        qkv = at.query_key_value.weight.T.reshape(D, h, 3, -1)  # [D, h, 3, d]: per-head q, k, v
-        p |= {
-            pre + "norm1.g": layer.input_layernorm.weight, pre + "norm1.b": layer.input_layernorm.bias,
-            pre + "attn.W_Q": qkv[:, :, 0].permute(1, 0, 2),  # [h, D, d]
-            pre + "attn.W_K": qkv[:, :, 1].permute(1, 0, 2),  # [h, D, d]
-            pre + "attn.W_V": qkv[:, :, 2].permute(1, 0, 2),  # [h, D, d]
-            pre + "attn.W_O": nat.heads_out(at.dense.weight.T, h),  # [h, d, D]
-            pre + "norm2.g": layer.post_attention_layernorm.weight,
-            pre + "norm2.b": layer.post_attention_layernorm.bias,
-            pre + "mlp.W_in": mlp.dense_h_to_4h.weight.T, pre + "mlp.b_in": mlp.dense_h_to_4h.bias,  # [D, m]
-            pre + "mlp.W_out": mlp.dense_4h_to_h.weight.T, pre + "mlp.b_out": mlp.dense_4h_to_h.bias,  # [m, D]
-        }
-        if a.attn_bias:
-            b = at.query_key_value.bias.reshape(h, 3, -1)  # [h, 3, d]
-            p |= {pre + "attn.b_Q": b[:, 0], pre + "attn.b_K": b[:, 1], pre + "attn.b_V": b[:, 2],
-                  pre + "attn.b_O": at.dense.bias}
-    p |= {"norm_f.g": nx.final_layer_norm.weight, "norm_f.b": nx.final_layer_norm.bias}
-    if not a.tied_embeddings:
-        p["head.W"] = model.module.lm_head.weight.T  # [D, V]
-    return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
-
-
-def from_canonical(model: Model, params: Params) -> None:
-    a = model.arch
-    D = a.d_model
-    n: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": params["embed.tok"]}
-    for l in range(a.n_layers):
-        pre, hf = f"blocks.{l}.", f"gpt_neox.layers.{l}."
-        qkv = torch.stack([params[pre + f"attn.W_{r}"] for r in "QKV"], 1)  # [h, 3, D, d]
-        n |= {
-            hf + "input_layernorm.weight": params[pre + "norm1.g"], hf + "input_layernorm.bias": params[pre + "norm1.b"],
-            hf + "attention.query_key_value.weight": qkv.permute(0, 1, 3, 2).reshape(-1, D),  # [h*3*d, D]
-            hf + "attention.dense.weight": nat.heads_out_native(params[pre + "attn.W_O"]).T,  # [D, h*d]
-            hf + "post_attention_layernorm.weight": params[pre + "norm2.g"],
-            hf + "post_attention_layernorm.bias": params[pre + "norm2.b"],
-            hf + "mlp.dense_h_to_4h.weight": params[pre + "mlp.W_in"].T, hf + "mlp.dense_h_to_4h.bias": params[pre + "mlp.b_in"],
-            hf + "mlp.dense_4h_to_h.weight": params[pre + "mlp.W_out"].T, hf + "mlp.dense_4h_to_h.bias": params[pre + "mlp.b_out"],
-        }
-        if a.attn_bias:
-            n[hf + "attention.query_key_value.bias"] = torch.stack(
-                [params[pre + f"attn.b_{r}"] for r in "QKV"], 1).reshape(-1)  # [h, 3, d] -> [h*3*d]
-            n[hf + "attention.dense.bias"] = params[pre + "attn.b_O"]
-    n |= {"gpt_neox.final_layer_norm.weight": params["norm_f.g"], "gpt_neox.final_layer_norm.bias": params["norm_f.b"]}
-    if not a.tied_embeddings:  # tied: lm_head.weight is embed_in.weight, already written above
-        n["lm_head.weight"] = params["head.W"].T  # [V, D]
-    nat.copy_into(model.module, n)
-
-
-logits = nat.causal_lm_logits
-
-
-ENTRY = Family(
-    name=FAMILY,
-    display_name=DISPLAY,
-    reference="GPT-NeoX-20B (2022); Pythia (2023); RoPE: RoFormer (2021); transformers.GPTNeoXForCausalLM",
-    detect=detect, load=load, save=save, to_canonical=to_canonical,
-    from_canonical=from_canonical, logits=logits,
+KEYS = KeyMap(
+    embed=(Key("embed.tok", "gpt_neox.embed_in.weight"),),
+    block_native="gpt_neox.layers.{l}.",
+    block=(
+        Key("norm1.g", "input_layernorm.weight"), Key("norm1.b", "input_layernorm.bias"),
+        Key(("attn.W_Q", "attn.W_K", "attn.W_V"), "attention.query_key_value.weight", QKV),
+        Key("attn.W_O", "attention.dense.weight", WRITER),
+        Key("norm2.g", "post_attention_layernorm.weight"), Key("norm2.b", "post_attention_layernorm.bias"),
+        Key("mlp.W_in", "mlp.dense_h_to_4h.weight", LINEAR), Key("mlp.b_in", "mlp.dense_h_to_4h.bias", SAME),
+        Key("mlp.W_out", "mlp.dense_4h_to_h.weight", LINEAR), Key("mlp.b_out", "mlp.dense_4h_to_h.bias", SAME),
+        Key(("attn.b_Q", "attn.b_K", "attn.b_V"), "attention.query_key_value.bias", QKV_BIAS, when="attn_bias"),
+        Key("attn.b_O", "attention.dense.bias", when="attn_bias"),
+    ),
+    final=(Key("norm_f.g", "gpt_neox.final_layer_norm.weight"), Key("norm_f.b", "gpt_neox.final_layer_norm.bias"),
+           Key("head.W", "lm_head.weight", LINEAR, when="!tied_embeddings")),  # tied: lm_head is embed_in
 )
+
+HF = HFFamily(
+    name="hf_neox", model_type="gpt_neox", config_name="GPT-NeoX",
+    display="GPT-NeoX / Pythia (Hugging Face transformers)",
+    reference="GPT-NeoX-20B (2022); Pythia (2023); RoPE: RoFormer (2021); transformers.GPTNeoXForCausalLM",
+    config_class="GPTNeoXConfig", model_class="GPTNeoXForCausalLM", keys=KEYS, summary=_summary,
+    refusals=(ROPE_SCALING, activation("hidden_act", ACTIVATIONS)), prepare=_make_exact,
+)
+FAMILY, MODEL_TYPE, DISPLAY = HF.name, HF.model_type, HF.display
+arch, config_from_dict, wrap, build, detect, load, save = (HF.arch, HF.config_from_dict, HF.wrap, HF.build, HF.detect,
+                                                            HF.load, HF.save)
+to_canonical, from_canonical, logits = HF.to_canonical, HF.from_canonical, HF.logits
+
+ENTRY = HF.entry()
