@@ -145,13 +145,12 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
 
     `cache build` computes it without loading the models to tell whether a stored record is current.
     """
-    from engine.align import METHODS
+    from engine.align import method_entry
     from engine.align.learned import run_options, step_budget
 
-    if cfg.method not in METHODS:
-        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    entry = method_entry(cfg.method)
     data = digits_sha256() if task == "vit" else default_splits().sha256
-    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), METHODS[cfg.method].steps(task))
+    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), entry.steps(task))
     return replace(cfg, steps=steps, data_sha256=data,
                    device=resolve_device(cfg.device))
 
@@ -212,12 +211,11 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     unit of work (a model loaded, an evaluation batch, a layer or step, a grid point), before
     anything is written.
     """
-    from engine.align import METHODS
+    from engine.align import method_entry
     from engine.align.learned import run_options
     from engine.align.run import align, alignment_record, endpoint_check
 
-    if cfg.method not in METHODS:
-        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    method_entry(cfg.method)  # before anything else is read
     device = resolve_device(cfg.device)
     info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
     path_a, path_b = info_a.path, info_b.path
@@ -303,12 +301,11 @@ def plane_pair(model_a: str, model_b: str, method: str = "weight", grid: int | N
                dtype: str = "float32", progress: Callable | None = None, cancel: CancelToken | None = None) -> dict:
     """The loss over the plane through A, B and B aligned by `method` (engine.plane), as a record:
     the grid's coordinates and losses, where the three models sit, the evaluation set and provenance."""
-    from engine.align import METHODS
+    from engine.align import method_entry
     from engine.plane import GRID, check_method, plane_of
     from engine.results import provenance
 
-    if method not in METHODS:
-        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    method_entry(method)
     check_method(method)  # before anything loads
     check_pair(model_a, model_b)
     a, b = load_named(model_a, dtype), load_named(model_b, dtype)
@@ -383,15 +380,14 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     also walks the identity in the aligned runs' coordinates. `cfg.path` must be weights and offload is
     not offered.
     """
-    from engine.align import METHODS
+    from engine.align import method_entry
     from engine.align.learned import run_options
     from engine.align.run import TOLERANCE, align, alignment_record, endpoint_check
     from engine.errors import ExactnessError
     from engine.resources import check_run
     from engine.widen import lift_info, widen_models
 
-    if cfg.method not in METHODS:
-        raise LMCError(f"Method {cfg.method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    method_entry(cfg.method)
     if cfg.path != "weights":
         raise LMCError("A width-heterogeneous run interpolates the weights; the circuit path is not offered for it.")
     device = resolve_device(cfg.device)

@@ -123,14 +123,13 @@ def represent_pair(model_a: str | Path, model_b: str | Path, method: str = "weig
     """Load two encoders without a head (on `device`), align B onto A with `method` (not learned or dual: they
     need a loss), and compare the hidden states along the path: a JSON-ready record whose `representation`
     holds representation_path's curves and barrier, in UNIT."""
-    from engine.align import METHODS
+    from engine.align import METHODS, method_entry
     from engine.align.run import align, alignment_record
     from engine.models import load_model
     from engine.models.base import check_same_architecture
     from engine.zoo import resolve
 
-    if method not in METHODS:
-        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    method_entry(method)
     if method in LOSS_METHODS:
         raise LMCError(f"Method {method} optimises the loss along the path, which an encoder without a head does "
                        f"not have; choose one of {', '.join(m for m in METHODS if m not in LOSS_METHODS)}.")

@@ -152,10 +152,10 @@ def model_shape(path: str | Path) -> Shape:
 def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
     """Peak scratch of an aligner beyond the models (bytes): its registry entry's `scratch`
     (engine.align.METHODS, defined beside the aligner); the module docstring gives the arithmetic."""
-    from engine.align import METHODS
+    from engine.align import METHODS, method_entry
 
-    entry = METHODS.get(method)
-    if entry is None or entry.scratch is None:
+    entry = method_entry(method)
+    if entry.scratch is None:
         known = ", ".join(k for k, m in METHODS.items() if m.scratch is not None)
         raise LMCError(f"Method {method!r} has no memory model; choose one of: {known}.")
     return entry.scratch(shape.arch, shape.params, shape.layer_params, itemsize)
@@ -186,12 +186,11 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     `points` is accepted for the record: the path reuses one work model, so the grid size changes
     the time of a run, not its memory.
     """
-    from engine.align import METHODS
+    from engine.align import method_entry
 
     if len(model_dirs) != 2:
         raise LMCError(f"A run compares two models; got {len(model_dirs)} model directories.")
-    if method not in METHODS:
-        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    method_entry(method)
     name, b = _itemsize(dtype)
     sa, sb = (model_shape(p) for p in model_dirs)
     parts = {"endpoints": sa.bytes(b) + sb.bytes(b), "path model": sa.bytes(b)}

@@ -26,6 +26,7 @@ from engine.align.learned import DEFAULT_STEPS, TASK_STEPS, align_learned
 from engine.align.naive import align_naive
 from engine.align.weight import align_weights
 from engine.classes import CLASSES
+from engine.errors import LMCError
 from engine.models.base import Arch
 
 
@@ -61,4 +62,15 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes),
 ]}
 
-__all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method"]
+
+
+def method_entry(name: str) -> Method:
+    """The registry entry of method `name`: the one place a method name is checked, in one sentence
+    naming the methods there are."""
+    entry = METHODS.get(name) if isinstance(name, str) else None
+    if entry is None:
+        raise LMCError(f"Method {name!r} is not available; choose one of: {', '.join(METHODS)}.")
+    return entry
+
+
+__all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method", "method_entry"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.align import METHODS
+from engine.align import METHODS, method_entry
 from engine.align.common import (
     F64,
     AlignContext,
@@ -81,18 +81,17 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     """
     t = tick()
     check_same_architecture(a, b)
-    if method not in METHODS:
-        raise LMCError(f"Method {method!r} is not available; choose one of: {', '.join(METHODS)}.")
+    entry = method_entry(method)
     build_spec(a.arch, canonical(a, copy=False))  # the architecture has a spec (a clear SpecError otherwise)
     choice: ClassChoice = choose_classes(a.arch, method, () if method == "naive" else classes)
     kinds = choice.classes
     pair = prepare_pair(a, b, kinds, in_place)
     costs_before = matching_costs(pair.params_a, pair.params_b)
-    steps = step_budget(steps, time_budget_s, METHODS[method].steps(a.arch.task))
+    steps = step_budget(steps, time_budget_s, entry.steps(a.arch.task))
     ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned,
                       weight=weight)
-    out = METHODS[method].fn(ctx)
+    out = entry.fn(ctx)
     if method == "naive":
         return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before,
                        choice.left_out)

@@ -128,7 +128,7 @@ def test_bad_requests_are_one_sentence(tmp_path):
     d = config_only(BUILDS["reference"](), tmp_path / "r")
     with pytest.raises(LMCError, match="Method 'best' is not available; choose one of: naive, weight"):
         estimate_run([d, d], "best")
-    with pytest.raises(LMCError, match="Method 'best' has no memory model"):
+    with pytest.raises(LMCError, match="Method 'best' is not available; choose one of: naive, weight"):
         resources.method_scratch(model_shape(d), "best", 4)
     with pytest.raises(LMCError, match="compares two models; got 1"):
         estimate_run([d], "naive")
