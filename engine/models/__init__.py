@@ -102,9 +102,6 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
     mt = config.get("model_type")
     if mt in hf:
         return hf[mt].config_arch(config, source)
-    for layout in (hf_llama.LAYOUT, hf_qwen2.LAYOUT, hf_qwen3.LAYOUT, hf_mistral.LAYOUT):
-        if mt == layout.model_type:
-            return layout.arch(layout.config(config), source)
     if mt == "bert":
         from transformers import BertConfig
 

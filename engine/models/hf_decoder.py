@@ -1,11 +1,12 @@
-"""HF decoders in the Llama layout (Llama, Qwen2, Qwen3, Mistral): one adapter, parametrised by a `LlamaLayout`.
+"""HF decoders in the Llama layout (Llama, Qwen2, Qwen3, Mistral): one key map and one HFFamily factory.
 
 These families share the module tree `model.embed_tokens`, `model.layers[i].{input_layernorm,
 self_attn.{q,k,v,o}_proj, post_attention_layernorm, mlp.{gate,up,down}_proj}`, `model.norm`, `lm_head`,
 and the maths: RMSNorm, RoPE with half-split pairs, SwiGLU, grouped-query attention. They differ in
 which projections carry biases, whether attention may slide, whether queries and keys are normalised
 per head before RoPE (QK-norm: `self_attn.q_norm`, `self_attn.k_norm`, Qwen3), and their transformers
-classes; a family's adapter file names those in one `LlamaLayout` and exposes its bound methods.
+classes; a family's adapter file names those in one `decoder_family(...)` call (engine/models/hf_family.py
+does the rest).
 
 Native layout quirks the canonical conversion undoes:
 - `nn.Linear` stores out x in, so every projection is transposed to the row-vector `x @ W` form;
@@ -30,14 +31,25 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from engine.errors import ModelError
 from engine.models import native as nat
-from engine.models.base import Arch, Family, Model, Params
+from engine.models.base import Arch
+from engine.models.hf_family import (
+    KEY_VALUE,
+    KEY_VALUE_BIAS,
+    LINEAR,
+    QUERY,
+    QUERY_BIAS,
+    ROPE_SCALING,
+    WRITER,
+    HFFamily,
+    Key,
+    KeyMap,
+    Refuse,
+    activation,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Float64-faithful RMSNorm and RoPE (see the module docstring)
@@ -77,14 +89,18 @@ def _exact_classes(model_type: str, prefix: str) -> tuple[type, type]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The layout of one family
+# One family of the layout
 
 
-def no_window(config, refuse: Callable[[str, str], None]) -> int | None:
+# (config, refuse) -> the sliding-attention window, None if attention never slides
+Window = Callable[[object, Refuse], int | None]
+
+
+def no_window(config, refuse: Refuse) -> int | None:
     return None
 
 
-def sliding_layers_window(config, refuse: Callable[[str, str], None]) -> int | None:
+def sliding_layers_window(config, refuse: Refuse) -> int | None:
     """The window of the layers `layer_types` marks sliding (Qwen2, Qwen3: their configs set sliding_window to
     None without use_sliding_window), None when no layer slides."""
     if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
@@ -95,167 +111,76 @@ def sliding_layers_window(config, refuse: Callable[[str, str], None]) -> int | N
     return config.sliding_window
 
 
-@dataclass(frozen=True)
-class LlamaLayout:
-    """What distinguishes one Llama-layout family; its methods are that family's adapter."""
+def _summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], window: Window, qk_norm: bool,
+             config, refuse: Refuse) -> Arch:
+    n_ctx, w = config.max_position_embeddings, window(config, refuse)
+    if w is not None and w < n_ctx:
+        refuse(f"sliding_window={w}", f"attention to the last {w} tokens only, shorter than its context of "
+               f"max_position_embeddings={n_ctx}, is not full causal attention")
+    rp = nat.rope_parameters(config)
+    h, hkv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
+    d = getattr(config, "head_dim", None) or config.hidden_size // h
+    attn_bias, out_bias, mlp_bias = biases(config)
+    return Arch(
+        family=family, task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
+        n_heads=h, n_kv_heads=hkv, d_head=d, d_mlp=config.intermediate_size, n_out=config.vocab_size,
+        n_ctx=n_ctx, pe="rope", rope_layout="half", rotary_dim=d,
+        rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm", norm_bias=False,
+        norm_eps=config.rms_norm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
+        mlp_bias=mlp_bias, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
+        qk_norm=qk_norm,
+    )
 
-    family: str  # registry name, "hf_llama"
-    model_type: str  # config.json's model_type, also transformers' module name: "llama"
-    prefix: str  # transformers' class prefix: "Llama" for LlamaConfig, LlamaForCausalLM, LlamaRMSNorm
-    display: str
-    reference: str
-    biases: Callable[[object], tuple[bool, bool, bool]]  # config -> biases of (q/k/v_proj, o_proj, mlp)
-    # (config, refuse) -> the sliding-attention window, None if attention never slides; refuse(option, why) raises
-    window: Callable[[object, Callable[[str, str], None]], int | None] = no_window
-    qk_norm: bool = False  # self_attn.q_norm / k_norm: RMSNorm over each head's q and k before RoPE
 
-    def _classes(self) -> tuple[type, type]:
-        import transformers
+def make_exact(model_type: str, prefix: str, module) -> None:
+    """Switch the float32-only submodules to their float64-faithful subclasses (same parameters)."""
+    RMSNorm, Rotary = _hf_classes(model_type, prefix)
+    RMSNorm64, Rotary64 = _exact_classes(model_type, prefix)
+    for m in module.modules():
+        if type(m) is RMSNorm:
+            m.__class__ = RMSNorm64
+        elif type(m) is Rotary:
+            m.__class__ = Rotary64
 
-        return getattr(transformers, f"{self.prefix}Config"), getattr(transformers, f"{self.prefix}ForCausalLM")
 
-    def config(self, config: dict):
-        """The family's transformers config from a config.json dict (already checked by native.check_hf_config)."""
-        return self._classes()[0](**{k: v for k, v in config.items() if k != "model_type"})
+KEYS = KeyMap(
+    embed=(Key("embed.tok", "model.embed_tokens.weight"),),
+    block_native="model.layers.{l}.",
+    block=(
+        Key("norm1.g", "input_layernorm.weight"),
+        Key("attn.W_Q", "self_attn.q_proj.weight", QUERY),  # [h, D, d]
+        Key("attn.W_K", "self_attn.k_proj.weight", KEY_VALUE),  # [h_kv, D, d]
+        Key("attn.W_V", "self_attn.v_proj.weight", KEY_VALUE),  # [h_kv, D, d]
+        Key("attn.W_O", "self_attn.o_proj.weight", WRITER),  # [h, d, D]
+        Key("norm2.g", "post_attention_layernorm.weight"),
+        Key("mlp.W_in", "mlp.up_proj.weight", LINEAR),  # [D, m]
+        Key("mlp.W_gate", "mlp.gate_proj.weight", LINEAR),  # [D, m]
+        Key("mlp.W_out", "mlp.down_proj.weight", LINEAR),  # [m, D]
+        Key("attn.q_norm.g", "self_attn.q_norm.weight", when="qk_norm"),  # [d]
+        Key("attn.k_norm.g", "self_attn.k_norm.weight", when="qk_norm"),  # [d]
+        Key("attn.b_Q", "self_attn.q_proj.bias", QUERY_BIAS, when="attn_bias"),  # [h, d]
+        Key("attn.b_K", "self_attn.k_proj.bias", KEY_VALUE_BIAS, when="attn_bias"),  # [h_kv, d]
+        Key("attn.b_V", "self_attn.v_proj.bias", KEY_VALUE_BIAS, when="attn_bias"),  # [h_kv, d]
+        Key("attn.b_O", "self_attn.o_proj.bias", when="out_bias"),
+        Key("mlp.b_in", "mlp.up_proj.bias", when="mlp_bias"),
+        Key("mlp.b_gate", "mlp.gate_proj.bias", when="mlp_bias"),
+        Key("mlp.b_out", "mlp.down_proj.bias", when="mlp_bias"),
+    ),
+    final=(Key("norm_f.g", "model.norm.weight"),
+           Key("head.W", "lm_head.weight", LINEAR, when="!tied_embeddings")),  # tied: lm_head is embed_tokens
+)
 
-    def arch(self, config, source: str = "") -> Arch:
-        """The architecture summary; refuses options the canonical layout cannot express."""
-        source = source or f"{self.prefix} config"
 
-        def refuse(option: str, why: str) -> None:
-            raise ModelError(f"{source} uses {option}, which the engine does not support ({why}).")
-
-        rp = nat.rope_parameters(config)
-        if rp.get("rope_type", "default") != "default":
-            refuse(f"rope_type={rp['rope_type']!r}", "RoPE frequency scaling; only standard RoPE is supported")
-        if config.hidden_act != "silu":
-            refuse(f"hidden_act={config.hidden_act!r}", "the gated MLP must be SwiGLU (silu)")
-        n_ctx, w = config.max_position_embeddings, self.window(config, refuse)
-        if w is not None and w < n_ctx:
-            refuse(f"sliding_window={w}", f"attention to the last {w} tokens only, shorter than its context of "
-                   f"max_position_embeddings={n_ctx}, is not full causal attention")
-        h, hkv = config.num_attention_heads, config.num_key_value_heads or config.num_attention_heads
-        d = getattr(config, "head_dim", None) or config.hidden_size // h
-        attn_bias, out_bias, mlp_bias = self.biases(config)
-        return Arch(
-            family=self.family, task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
-            n_heads=h, n_kv_heads=hkv, d_head=d, d_mlp=config.intermediate_size, n_out=config.vocab_size,
-            n_ctx=n_ctx, pe="rope", rope_layout="half", rotary_dim=d,
-            rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm", norm_bias=False,
-            norm_eps=config.rms_norm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
-            mlp_bias=mlp_bias, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
-            qk_norm=self.qk_norm,
-        )
-
-    def make_exact(self, module) -> None:
-        """Switch the float32-only submodules to their float64-faithful subclasses (same parameters)."""
-        RMSNorm, Rotary = _hf_classes(self.model_type, self.prefix)
-        RMSNorm64, Rotary64 = _exact_classes(self.model_type, self.prefix)
-        for m in module.modules():
-            if type(m) is RMSNorm:
-                m.__class__ = RMSNorm64
-            elif type(m) is Rotary:
-                m.__class__ = Rotary64
-
-    # -----------------------------------------------------------------------------------------
-    # Adapter
-
-    def wrap(self, module, name: str = "", path: Path | None = None, source: str = "") -> Model:
-        """A Model handle around the family's ForCausalLM (checks the architecture, makes float64 exact)."""
-        a = self.arch(module.config, source)
-        self.make_exact(module)
-        return Model(self.family, a, module.eval(), module.config.to_dict(), name=name, path=path)
-
-    def build(self, config, seed: int = 0, dtype: torch.dtype = torch.float32) -> Model:
-        """A freshly initialised model (HF's own init) for tests and the model zoo."""
-        Config, ForCausalLM = self._classes()
-        if isinstance(config, dict):
-            config = Config(**config)
-        self.arch(config)  # refuse before spending time on construction
-        config._attn_implementation = "sdpa"  # eager attention runs softmax in float32
-        with nat.seeded(seed):
-            module = ForCausalLM(config)
-        return self.wrap(module.to(dtype))
-
-    def detect(self, path: Path) -> bool:
-        return nat.hf_model_type(path) == self.model_type
-
-    def load(self, path: Path, dtype: torch.dtype = torch.float32) -> Model:
-        path = Path(path)
-        module = nat.load_hf(self._classes()[1], path, dtype, self.model_type, self.display)
-        return self.wrap(module, name=path.name, path=path, source=f"Model directory {path}")
-
-    def save(self, model: Model, path: Path) -> None:
-        nat.save_hf(model.module, Path(path))
-
-    def to_canonical(self, model: Model) -> Params:
-        a, lm = model.arch, model.module.model
-        h, hkv = a.n_heads, a.n_kv_heads
-        p: Params = {"embed.tok": lm.embed_tokens.weight}
-        for l, layer in enumerate(lm.layers):
-            pre, at, mlp = f"blocks.{l}.", layer.self_attn, layer.mlp
-            p |= {
-                pre + "norm1.g": layer.input_layernorm.weight,
-                pre + "attn.W_Q": nat.heads_in(at.q_proj.weight.T, h),  # [h, D, d]
-                pre + "attn.W_K": nat.heads_in(at.k_proj.weight.T, hkv),  # [h_kv, D, d]
-                pre + "attn.W_V": nat.heads_in(at.v_proj.weight.T, hkv),  # [h_kv, D, d]
-                pre + "attn.W_O": nat.heads_out(at.o_proj.weight.T, h),  # [h, d, D]
-                pre + "norm2.g": layer.post_attention_layernorm.weight,
-                pre + "mlp.W_in": mlp.up_proj.weight.T,  # [D, m]
-                pre + "mlp.W_gate": mlp.gate_proj.weight.T,  # [D, m]
-                pre + "mlp.W_out": mlp.down_proj.weight.T,  # [m, D]
-            }
-            if a.qk_norm:
-                p |= {pre + "attn.q_norm.g": at.q_norm.weight, pre + "attn.k_norm.g": at.k_norm.weight}  # [d]
-            if a.attn_bias:
-                p |= {
-                    pre + "attn.b_Q": at.q_proj.bias.reshape(h, -1),  # [h, d]
-                    pre + "attn.b_K": at.k_proj.bias.reshape(hkv, -1),  # [h_kv, d]
-                    pre + "attn.b_V": at.v_proj.bias.reshape(hkv, -1),  # [h_kv, d]
-                }
-            if a.out_bias:
-                p[pre + "attn.b_O"] = at.o_proj.bias
-            if a.mlp_bias:
-                p |= {pre + "mlp.b_in": mlp.up_proj.bias, pre + "mlp.b_gate": mlp.gate_proj.bias,
-                      pre + "mlp.b_out": mlp.down_proj.bias}
-        p["norm_f.g"] = lm.norm.weight
-        if not a.tied_embeddings:
-            p["head.W"] = model.module.lm_head.weight.T  # [D, V]
-        return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
-
-    def from_canonical(self, model: Model, params: Params) -> None:
-        a = model.arch
-        n: dict[str, torch.Tensor] = {"model.embed_tokens.weight": params["embed.tok"]}
-        for l in range(a.n_layers):
-            pre, at, mlp = f"blocks.{l}.", f"model.layers.{l}.self_attn.", f"model.layers.{l}.mlp."
-            n |= {
-                f"model.layers.{l}.input_layernorm.weight": params[pre + "norm1.g"],
-                at + "q_proj.weight": nat.heads_in_native(params[pre + "attn.W_Q"]).T,  # [h*d, D]
-                at + "k_proj.weight": nat.heads_in_native(params[pre + "attn.W_K"]).T,  # [h_kv*d, D]
-                at + "v_proj.weight": nat.heads_in_native(params[pre + "attn.W_V"]).T,  # [h_kv*d, D]
-                at + "o_proj.weight": nat.heads_out_native(params[pre + "attn.W_O"]).T,  # [D, h*d]
-                f"model.layers.{l}.post_attention_layernorm.weight": params[pre + "norm2.g"],
-                mlp + "up_proj.weight": params[pre + "mlp.W_in"].T,  # [m, D]
-                mlp + "gate_proj.weight": params[pre + "mlp.W_gate"].T,  # [m, D]
-                mlp + "down_proj.weight": params[pre + "mlp.W_out"].T,  # [D, m]
-            }
-            if a.qk_norm:
-                n |= {at + "q_norm.weight": params[pre + "attn.q_norm.g"], at + "k_norm.weight": params[pre + "attn.k_norm.g"]}
-            if a.attn_bias:
-                n |= {at + f"{r.lower()}_proj.bias": params[pre + f"attn.b_{r}"].reshape(-1) for r in "QKV"}  # [h*d]
-            if a.out_bias:
-                n[at + "o_proj.bias"] = params[pre + "attn.b_O"]
-            if a.mlp_bias:
-                n |= {mlp + "up_proj.bias": params[pre + "mlp.b_in"], mlp + "gate_proj.bias": params[pre + "mlp.b_gate"],
-                      mlp + "down_proj.bias": params[pre + "mlp.b_out"]}
-        n["model.norm.weight"] = params["norm_f.g"]
-        if not a.tied_embeddings:  # tied: lm_head.weight is embed_tokens.weight, already written above
-            n["lm_head.weight"] = params["head.W"].T  # [V, D]
-        nat.copy_into(model.module, n)
-
-    def entry(self) -> Family:
-        return Family(
-            name=self.family, display_name=self.display, reference=self.reference, detect=self.detect,
-            load=self.load, save=self.save, to_canonical=self.to_canonical, from_canonical=self.from_canonical,
-            logits=nat.causal_lm_logits,
-        )
+def decoder_family(name: str, model_type: str, prefix: str, reference: str,
+                   biases: Callable[[object], tuple[bool, bool, bool]], window: Window = no_window,
+                   qk_norm: bool = False) -> HFFamily:
+    """A Llama-layout family: `prefix` names transformers' classes (LlamaConfig, LlamaForCausalLM,
+    LlamaRMSNorm), `biases(config)` which of (q/k/v_proj, o_proj, the MLP) carry biases, `window` its
+    sliding-attention window, `qk_norm` whether queries and keys are normalised per head before RoPE."""
+    return HFFamily(
+        name=name, model_type=model_type, config_name=prefix, display=f"{prefix} (Hugging Face transformers)",
+        reference=reference, config_class=f"{prefix}Config", model_class=f"{prefix}ForCausalLM", keys=KEYS,
+        summary=functools.partial(_summary, name, biases, window, qk_norm),
+        refusals=(ROPE_SCALING, activation("hidden_act", ("silu",), "the gated MLP must be SwiGLU (silu)")),
+        prepare=functools.partial(make_exact, model_type, prefix),
+    )

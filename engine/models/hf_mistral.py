@@ -8,27 +8,12 @@ context (max_position_embeddings) is full causal attention, a shorter one is ref
 
 from __future__ import annotations
 
-from engine.models import native as nat
-from engine.models.hf_decoder import LlamaLayout
+from engine.models.hf_decoder import decoder_family
 
-
-def _biases(config) -> tuple[bool, bool, bool]:
-    return False, False, False
-
-
-def _window(config, refuse) -> int | None:
-    return config.sliding_window  # MistralModel masks every layer alike (it ignores layer_types)
-
-
-LAYOUT = LlamaLayout(
-    family="hf_mistral", model_type="mistral", prefix="Mistral", display="Mistral (Hugging Face transformers)",
-    reference="Mistral 7B (2023); RoPE: RoFormer (2021); transformers.MistralForCausalLM",
-    biases=_biases, window=_window,
+HF = decoder_family(
+    "hf_mistral", "mistral", "Mistral", "Mistral 7B (2023); RoPE: RoFormer (2021); transformers.MistralForCausalLM",
+    biases=lambda c: (False, False, False),
+    window=lambda c, refuse: c.sliding_window,  # MistralModel masks every layer alike (it ignores layer_types)
 )
-FAMILY, MODEL_TYPE, DISPLAY = LAYOUT.family, LAYOUT.model_type, LAYOUT.display
-
-arch, wrap, build, detect, load, save = LAYOUT.arch, LAYOUT.wrap, LAYOUT.build, LAYOUT.detect, LAYOUT.load, LAYOUT.save
-to_canonical, from_canonical = LAYOUT.to_canonical, LAYOUT.from_canonical
-logits = nat.causal_lm_logits
-
-ENTRY = LAYOUT.entry()
+FAMILY, MODEL_TYPE, ENTRY = HF.name, HF.model_type, HF.entry()
+build, to_canonical, from_canonical, logits = HF.build, HF.to_canonical, HF.from_canonical, HF.logits

@@ -11,23 +11,13 @@ MLP has none. Sliding-window layers are handled as for Qwen2: a window shorter t
 
 from __future__ import annotations
 
-from engine.models import native as nat
-from engine.models.hf_decoder import LlamaLayout, sliding_layers_window
+from engine.models.hf_decoder import decoder_family, sliding_layers_window
 
-
-def _biases(config) -> tuple[bool, bool, bool]:
-    return bool(config.attention_bias), bool(config.attention_bias), False
-
-
-LAYOUT = LlamaLayout(
-    family="hf_qwen3", model_type="qwen3", prefix="Qwen3", display="Qwen3 (Hugging Face transformers)",
-    reference="Qwen3 Technical Report (2025); RoPE: RoFormer (2021); transformers.Qwen3ForCausalLM",
-    biases=_biases, window=sliding_layers_window, qk_norm=True,
+HF = decoder_family(
+    "hf_qwen3", "qwen3", "Qwen3",
+    "Qwen3 Technical Report (2025); RoPE: RoFormer (2021); transformers.Qwen3ForCausalLM",
+    biases=lambda c: (bool(c.attention_bias), bool(c.attention_bias), False), window=sliding_layers_window,
+    qk_norm=True,
 )
-FAMILY, MODEL_TYPE, DISPLAY = LAYOUT.family, LAYOUT.model_type, LAYOUT.display
-
-arch, wrap, build, detect, load, save = LAYOUT.arch, LAYOUT.wrap, LAYOUT.build, LAYOUT.detect, LAYOUT.load, LAYOUT.save
-to_canonical, from_canonical = LAYOUT.to_canonical, LAYOUT.from_canonical
-logits = nat.causal_lm_logits
-
-ENTRY = LAYOUT.entry()
+FAMILY, MODEL_TYPE, ENTRY = HF.name, HF.model_type, HF.entry()
+build, to_canonical, from_canonical, logits = HF.build, HF.to_canonical, HF.from_canonical, HF.logits

@@ -266,7 +266,7 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
     """Why the Llama-layout adapters swap in float64-faithful RMSNorm and RoPE (engine/models/hf_decoder.py)."""
     from engine.models.hf_decoder import _hf_classes
 
-    RMSNorm, Rotary = _hf_classes(adapter.MODEL_TYPE, adapter.LAYOUT.prefix)
+    RMSNorm, Rotary = _hf_classes(adapter.MODEL_TYPE, adapter.HF.config_name)
     case = CASES[adapter.FAMILY]
     model = randomise(case.build(0), 3)
     ref = reference.build(case.ref, dtype=F64)
@@ -292,7 +292,7 @@ def test_unsupported_configs_are_refused_before_building(adapter, change: dict, 
     with pytest.raises(ModelError) as e:
         adapter.build({**LLAMA_CFG, **change})
     msg = str(e.value)
-    assert option in msg and "\n" not in msg and msg.startswith(f"{adapter.LAYOUT.prefix} config uses"), msg
+    assert option in msg and "\n" not in msg and msg.startswith(f"{adapter.HF.config_name} config uses"), msg
 
 
 def test_a_sliding_window_as_long_as_the_context_is_full_attention():
