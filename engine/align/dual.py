@@ -10,7 +10,8 @@ Every action is linear in the weights and an exact symmetry, so for every lam
 the dual optimum is the one-sided optimum over the relative transform g_A^{-1} g_B, and the path is
 reported in A's frame with that relative transform. This file checks the identity numerically on a
 validation batch: in float64 for models up to IDENTITY_F64_MAX_PARAMS parameters, in the model's
-own dtype above (a float64 copy of a large model is what the memory budget forbids), with a
+compute dtype above (float32 at least; a float64 copy of a large model is what the memory budget
+forbids), each block moved and mixed when the forward pass reaches it (learned.path_losses), with a
 tolerance for that dtype; the record says which. Unless the context turns it off
 (`compare_one_sided`, it doubles the cost), it also runs the one-sided optimiser for the same
 number of steps, on the same data and lam sequence: any difference between the two is an
@@ -24,13 +25,24 @@ import copy
 import torch
 from torch import Tensor
 
-from engine.align.common import F64, AlignContext, AlignOutput, Pair, functional_logits, tick, twin, val_batch
-from engine.align.learned import RECORD, TASK_STEPS, items_per_pass, mean_loss, optimise, relative, starting_element
+from engine.align.common import F64, AlignContext, AlignOutput, Pair, tick, twin, val_batch
+from engine.align.learned import (
+    RECORD,
+    TASK_STEPS,
+    compute_dtype,
+    items_per_pass,
+    moved_ends,
+    optimise,
+    path_logits,
+    path_losses,
+    relative,
+    starting_element,
+)
 from engine.align.learned import scratch_bytes as learned_scratch
 from engine.models.base import Arch
 from engine.progress import relabel
 from engine.results import MAX_STEPS
-from engine.symmetry import GroupElement, apply
+from engine.symmetry import GroupElement
 
 IDENTITY_LAMBDAS = (0.25, 0.5, 0.75)
 IDENTITY_ITEMS = {"lm": 1024, "vit": 128}
@@ -47,28 +59,23 @@ def dual_identity(pair: Pair, g_a: GroupElement, g_b: GroupElement,
     tw = twin(pair.model_a)
     ref = next(tw.module.parameters())
     n_params = sum(v.numel() for v in pair.params_a.values())
-    dtype = F64 if n_params <= IDENTITY_F64_MAX_PARAMS else ref.dtype
-    if dtype != ref.dtype:
+    dtype = F64 if n_params <= IDENTITY_F64_MAX_PARAMS else compute_dtype(ref.dtype)
+    if dtype == F64 and ref.dtype != F64:  # a small model: a float64 twin (a large one's stages widen its weights)
         tw = copy.deepcopy(tw)
         tw.module.to(dtype)
     x, y = val_batch(arch, IDENTITY_ITEMS[arch.task])
     per_pass = items_per_pass(arch, x, dtype)
-    pa = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_a.items()}
-    pb = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_b.items()}
-    losses: dict[str, list[float]] = {"dual": [], "one_sided": []}
-    logits: dict[str, list[Tensor]] = {"dual": [], "one_sided": []}
-    for side in ("dual", "one_sided"):  # one side at a time: two moved copies, not three, plus the midpoint
-        if side == "dual":
-            p, q = apply(arch, g_a, pa), apply(arch, g_b, pb)
-        else:
-            p, q = pa, apply(arch, relative(arch, g_a, g_b), pb)
-        for lam in lambdas:
-            mid = {k: (1 - lam) * p[k] + lam * q[k] for k in p}
-            losses[side].append(mean_loss(lambda inp, mid=mid: functional_logits(tw, mid, inp), x, y, per_pass))
-            with torch.no_grad():  # the mean loss washes out 1e-16 differences; the logits show them
-                logits[side].append(functional_logits(tw, mid, x[:IDENTITY_LOGIT_ITEMS]))
-            del mid
-        del p, q
+    pa = {k: v.detach().to(ref.device) for k, v in pair.params_a.items()}
+    pb = {k: v.detach().to(ref.device) for k, v in pair.params_b.items()}
+    keys = list(pa)
+    losses: dict[str, list[float]] = {}
+    logits: dict[str, list[Tensor]] = {}
+    # each block moved and mixed when the forward pass reaches it: no whole moved or mixed copy
+    for side, (g0, g1) in (("dual", (g_a, g_b)), ("one_sided", (None, relative(arch, g_a, g_b)))):
+        ends = moved_ends(pair.spec, pa, pb, g0, g1, dtype)
+        losses[side] = path_losses(tw, keys, ends, lambdas, x, y, per_pass, dtype)
+        # the mean loss washes out 1e-16 differences; the logits show them
+        logits[side] = path_logits(tw, keys, ends, lambdas, x[:IDENTITY_LOGIT_ITEMS], dtype)
     dual, one_sided = losses["dual"], losses["one_sided"]
     logit_err = [float((la - lb).abs().max() / lb.abs().max()) for la, lb in zip(logits["dual"], logits["one_sided"])]
     err = max(abs(u - v) / abs(v) for u, v in zip(dual, one_sided))

@@ -31,13 +31,17 @@ equals apply (tests/engine/test_align.py). The forward pass is torch.func.functi
 reference-family twin (common.twin). The element returned is always the hard, exact one: the best
 seen on a fixed validation batch (midpoint loss), the weight-matching start included.
 
-Cost, so that GPT-2-small (124M) fits (docs/DESIGN.md section 5, docs/SCALE.md): latents and products
-in the model's dtype (float32 models: float32; float64 models stay float64 for exactness tests); MLP latents on
+Cost, so that a 1.1B-parameter pair fits 24 GiB (docs/DESIGN.md section 5, docs/SCALE.md): the weights
+stay in their stored dtype, latents and products in the compute dtype (float32 at least: bfloat16 weights
+are widened a block at a time; float64 models stay float64 for exactness tests); MLP latents on
 candidate graphs (a dense 3072 x 3072 latent per layer, with its gradient and Adam moments, was 14x
-one model at GPT-2-small); each parameter's chain of actions under activation checkpointing; the
-solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
+one model at GPT-2-small); no whole moved or interpolated model: the forward pass runs a stage at a
+time (`stages`: the embedding, each block, the readout), each block's moved copies and their mix
+formed inside it under activation checkpointing (`Midpoint`, `backward_loss`) and formed again in the
+backward pass, and the validation checks and the dual identity mix each block when they reach it
+(`path_losses`); the solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
 re-run every RESOLVE_EVERY steps and at each validation check, and only for layers whose permutation
-a one-pass check cannot certify; the loss over micro-batches whose logits stay under LOGIT_BYTES, in
+a one-pass check cannot certify; the readout over micro-batches whose logits stay under LOGIT_BYTES, in
 the logits' dtype. Latent, candidate, Adam-state and peak resident bytes go into the record, and a
 time budget can end the run.
 
@@ -71,7 +75,6 @@ from engine.align.common import (
     AlignContext,
     AlignOutput,
     check_twin,
-    functional_logits,
     task_loss,
     tick,
     train_batches,
@@ -102,7 +105,6 @@ from engine.symmetry import (
     GroupElement,
     LayerElement,
     act,
-    apply,
     compose,
     element_maps,
     identity,
@@ -315,8 +317,9 @@ def mlp_candidates(spec: Spec, ref: Params, other: Params, g_other: GroupElement
             if a.role != "perm":
                 continue
             ps = spec.params[key]
-            r = act(ps, mats_ref, ref[key].detach()) if mats_ref else ref[key].detach()  # weights' dtype
-            o = act(ps, mats, other[key].detach())
+            r, o = (compute(p[key].detach()) for p in (ref, other))  # the weights' dtype, float32 at least
+            r = act(ps, mats_ref, r) if mats_ref else r
+            o = act(ps, mats, o)
             feats_r.append(r.movedim(axis, 0).reshape(r.shape[axis], -1))  # [m, rest]
             feats_o.append(o.movedim(axis, 0).reshape(o.shape[axis], -1))  # [m, rest]
         m = feats_r[0].shape[0]
@@ -383,7 +386,8 @@ def permute(x: Tensor, axis: int, entry: tuple[Tensor, Tensor, Tensor | None]) -
 
 
 def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
-    """g.theta by engine/symmetry.act, differentiable in the latents behind `maps`.
+    """g.theta by engine/symmetry.act for the parameters in `params`, differentiable in the latents
+    behind `maps`.
 
     maps[group] as Transform.maps gives it: "perm" / "perm_kv" (and "index" for a residual
     permutation, which moves writers, readers and norms alike) are (hard index, latent of P,
@@ -396,8 +400,8 @@ def act_ste(spec: Spec, maps: dict[str, dict], params: Params) -> Params:
     one per action in its chains.
     """
     out: Params = {}
-    for key, ps in spec.params.items():
-        x = params[key]
+    for key, x in params.items():
+        ps = spec.params[key]
         if torch.is_grad_enabled() and not ps.invariant:
             out[key] = checkpoint(act, ps, maps, x, permute, use_reentrant=False)
         else:
@@ -628,40 +632,228 @@ def scored(y: Tensor) -> int:
     return int((y != IGNORE_INDEX).sum())
 
 
-@torch.no_grad()
-def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
-    """Mean task loss per scored target over (x, y), `per_pass` items per forward pass, summed in float64
-    (under torchrun each process scores its share of the rows and the sums are added: engine.distributed)."""
-    rows = distributed.shard(len(x))
-    x, y_all, y = x[rows], y, y[rows]
+def _loss_sum(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> Tensor:
+    """Sum over (x, y) of the task loss per scored target, `per_pass` items per forward pass, in float64."""
     total = torch.zeros((), dtype=torch.float64)
     for i in range(0, len(x), per_pass):
         n = scored(y[i:i + per_pass])
         if n:  # a masked-LM micro-batch without a scored target adds nothing (its mean would be NaN)
             total += float(task_loss(forward(x[i:i + per_pass]), y[i:i + per_pass])) * n
+    return total
+
+
+@torch.no_grad()
+def mean_loss(forward: Callable[[Tensor], Tensor], x: Tensor, y: Tensor, per_pass: int) -> float:
+    """Mean task loss per scored target over (x, y), `per_pass` items per forward pass, summed in float64
+    (under torchrun each process scores its share of the rows and the sums are added: engine.distributed)."""
+    rows = distributed.shard(len(x))
+    total = _loss_sum(forward, x[rows], y[rows], per_pass)
     distributed.all_sum(total)
-    return float(total) / scored(y_all)
+    return float(total) / scored(y)
 
 
-def backward_loss(tw: Model, mid: Params, x: Tensor, y: Tensor, per_pass: int) -> float:
+# ---------------------------------------------------------------------------------------------
+# The path's forward pass a stage at a time
+
+
+Stage = tuple[list[str], Callable[[Params, Tensor], Tensor]]  # (canonical keys it reads, (params, input) -> output)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype learned matching computes in for weights stored in `dtype`: float32 at least (bfloat16
+    and float16 endpoints stay in their stored dtype and are widened a stage at a time)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def compute(x: Tensor) -> Tensor:
+    """x in compute_dtype(x.dtype): x itself when it already is."""
+    return x.to(compute_dtype(x.dtype))
+
+
+class _Call(nn.Module):
+    """fn(module, *args) under torch.func.functional_call: the module's parameters, named m.<name>, replaced."""
+
+    def __init__(self, module: nn.Module, fn: Callable):
+        super().__init__()
+        self.m, self.fn = module, fn
+
+    def forward(self, *args):
+        return self.fn(self.m, *args)
+
+
+def stages(tw: Model, keys: list[str], dtype: torch.dtype) -> list[Stage]:
+    """The twin's forward pass as a chain of stages, each with the canonical keys it reads: a reference-
+    family twin runs its embedding, each block and its readout (the final norm and the head; a tied
+    embedding is read again there); another twin (hf_bert's post-norm one) is one stage. The first stage
+    takes the inputs (floating ones in `dtype`), the last returns logits."""
+    from engine.models.reference import Transformer
+
+    module = tw.module
+    device = next(module.parameters()).device
+
+    def inputs(x: Tensor) -> Tensor:
+        return x.to(device, dtype) if x.is_floating_point() else x.to(device)
+
+    if not isinstance(module, Transformer):
+        return [(list(keys), lambda p, x: torch.func.functional_call(module, p, (inputs(x),), strict=False))]
+
+    def stage(fn: Callable) -> Callable[[Params, Tensor], Tensor]:
+        def run(p: Params, x: Tensor) -> Tensor:
+            return torch.func.functional_call(_Call(module, fn), {f"m.{k}": v for k, v in p.items()}, (x,), strict=False)
+        return run
+
+    cfg = module.cfg
+    tied = cfg.task == "lm" and cfg.tied_embeddings
+    embed = [k for k in keys if k.startswith("embed.")]
+    blocks = [[k for k in keys if k.startswith(f"blocks.{i}.")] for i in range(cfg.n_layers)]
+    readout = [k for k in keys if k.startswith(("norm_f.", "head."))] + (["embed.tok"] if tied else [])
+    left = set(keys) - set(embed) - set(readout) - {k for b in blocks for k in b}
+    if left:
+        raise LMCError(f"Parameter {min(left)} belongs to no stage of the reference forward pass.")
+    out: list[Stage] = [(embed, stage(lambda m, x: m.embed_inputs(inputs(x))))]
+    out += [(b, stage(lambda m, x, i=i: m.blocks[i](x, m.rope_tables(x)))) for i, b in enumerate(blocks)]
+    return out + [(readout, stage(lambda m, x: m.readout(x)))]
+
+
+class Midpoint:
+    """The interpolated parameters (1 - lam) g_A theta_A + lam g_B theta_B of a training step, formed a
+    stage's keys at a time in `dtype` and differentiable in the latents behind the maps.
+
+    sides: ((maps of g_A or None, theta_A), (maps of g_B, theta_B)), maps as Transform.maps gives them,
+    None for a side that does not move; the weights stay in their stored dtype until a stage reads them.
+    """
+
+    def __init__(self, spec: Spec, sides: tuple[tuple[dict | None, Params], tuple[dict | None, Params]],
+                 lam: float, dtype: torch.dtype):
+        self.spec, self.sides, self.lam, self.dtype = spec, sides, lam, dtype
+
+    def keys(self) -> list[str]:
+        """The parameters in the spec's order, which the action's graph, and so the order in which the
+        backward pass sums the latents' gradients, follows."""
+        return [k for k in self.spec.params if k in self.sides[0][1]]
+
+    def __call__(self, keys: list[str], checkpointed: bool = False) -> Params:
+        """The midpoint's parameters `keys`. checkpointed: each parameter's chain of actions under
+        activation checkpointing (act_ste), for parameters formed outside a checkpointed stage."""
+        moved = []
+        for maps, params in self.sides:
+            p = {k: params[k].to(self.dtype) for k in keys}
+            if maps is not None:
+                p = act_ste(self.spec, maps, p) if checkpointed else {
+                    k: act(self.spec.params[k], maps, v, permute) for k, v in p.items()}
+            moved.append(p)
+        a, b = moved
+        return {k: (1 - self.lam) * a[k] + self.lam * b[k] for k in keys}
+
+
+def _formed(mid: Params | Midpoint, keys: list[str], checkpointed: bool = False) -> Params:
+    return mid(keys, checkpointed) if isinstance(mid, Midpoint) else {k: mid[k] for k in keys}
+
+
+def backward_loss(tw: Model, mid: Params | Midpoint, x: Tensor, y: Tensor, per_pass: int,
+                  dtype: torch.dtype | None = None) -> float:
     """The mean task loss of `mid` on (x, y), back-propagated into the latents behind `mid`.
 
-    The model runs `per_pass` items at a time on detached weights whose gradients accumulate;
-    the group action's graph is then walked once, not once per micro-batch.
+    The forward runs a stage at a time (`stages`): every stage but the readout on all of x under
+    activation checkpointing, its parameters formed inside it (a Midpoint forms a block's moved copies
+    and their mix there), so one block's parameters and each stage's input are what the forward keeps,
+    and the backward pass forms each block again. The readout (whose logits are the large part) runs
+    `per_pass` items at a time on detached parameters and input whose gradients accumulate; the
+    graph behind them is then walked once, not once per micro-batch. `dtype`: the dtype of floating
+    inputs (default: the first parameter's, in compute_dtype).
     """
-    leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in mid.items()}
+    keys = mid.keys() if isinstance(mid, Midpoint) else list(mid)
+    dtype = dtype or (mid.dtype if isinstance(mid, Midpoint) else compute_dtype(next(iter(mid.values())).dtype))
+    chain = stages(tw, keys, dtype)
+    h = x
+    for ks, fn in chain[:-1]:
+        h = checkpoint(lambda h, ks=ks, fn=fn: fn(_formed(mid, ks), h), h, use_reentrant=False)
+    ks, fn = chain[-1]
+    tail = _formed(mid, ks, checkpointed=True)
+    leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in tail.items()}
+    hl = h.detach().requires_grad_(h.requires_grad) if h.is_floating_point() else h
     total, n_all = 0.0, scored(y)
     for i in range(0, len(x), per_pass):
         yi = y[i:i + per_pass]
         n = scored(yi)
         if not n:  # nothing scored here (a masked LM): no loss and no gradient
             continue
-        loss = task_loss(functional_logits(tw, leaves, x[i:i + per_pass]), yi) * (n / n_all)
+        loss = task_loss(fn(leaves, hl[i:i + per_pass]), yi) * (n / n_all)
         loss.backward()
         total += float(loss.detach())
-    keys = [k for k, v in mid.items() if v.requires_grad and leaves[k].grad is not None]
-    torch.autograd.backward([mid[k] for k in keys], [leaves[k].grad for k in keys])
+    outs = [(tail[k], leaves[k].grad) for k in ks if tail[k].requires_grad and leaves[k].grad is not None]
+    if hl is not h and h.requires_grad and hl.grad is not None:
+        outs.append((h, hl.grad))
+    if outs:
+        torch.autograd.backward([o for o, _ in outs], [g for _, g in outs])
     return total
+
+
+Ends = Callable[[list[str]], tuple[Params, Params]]  # a stage's keys -> (theta_0, theta_1) for those keys
+
+
+def _mix(ends: tuple[Params, Params], lam: float) -> Params:
+    p, q = ends
+    return {k: (1 - lam) * p[k] + lam * q[k] for k in p}
+
+
+def _hidden(chain: list[Stage], ends: Ends, lambdas: tuple[float, ...], x: Tensor) -> list[Tensor]:
+    """The readout's input at each of `lambdas` on the path between `ends`: each stage's two ends formed
+    once for every lam, the stages in turn."""
+    hs = [x] * len(lambdas)
+    for ks, fn in chain[:-1]:
+        e = ends(ks)
+        hs = [fn(_mix(e, lam), h) for lam, h in zip(lambdas, hs)]
+        del e
+    return hs
+
+
+@torch.no_grad()
+def path_losses(tw: Model, keys: list[str], ends: Ends, lambdas: tuple[float, ...], x: Tensor, y: Tensor,
+                per_pass: int, dtype: torch.dtype) -> list[float]:
+    """The mean task loss per scored target at each of `lambdas` on the path (1 - lam) theta_0 + lam theta_1,
+    whose ends a stage at a time `ends` gives (in `dtype`): no copy of a whole model, moved or mixed, is
+    ever formed. The readout runs `per_pass` items at a time and the sums are float64, as mean_loss's
+    (under torchrun each process scores its share of the rows: engine.distributed)."""
+    chain = stages(tw, keys, dtype)
+    rows = distributed.shard(len(x))
+    xs, ys = x[rows], y[rows]
+    hs = _hidden(chain, ends, lambdas, xs)
+    ks, fn = chain[-1]
+    e = ends(ks)
+    totals = []
+    for lam, h in zip(lambdas, hs):
+        p = _mix(e, lam)
+        totals.append(_loss_sum(lambda inp, p=p: fn(p, inp), h, ys, per_pass))
+        del p
+    total = torch.stack(totals)
+    distributed.all_sum(total)
+    return [float(t) / scored(y) for t in total]
+
+
+@torch.no_grad()
+def path_logits(tw: Model, keys: list[str], ends: Ends, lambdas: tuple[float, ...], x: Tensor,
+                dtype: torch.dtype) -> list[Tensor]:
+    """The logits of x (a few items, one pass) at each of `lambdas` on the path between `ends`."""
+    chain = stages(tw, keys, dtype)
+    hs = _hidden(chain, ends, lambdas, x)
+    ks, fn = chain[-1]
+    e = ends(ks)
+    return [fn(_mix(e, lam), h) for lam, h in zip(lambdas, hs)]
+
+
+def moved_ends(spec: Spec, p0: Params, p1: Params, g0: GroupElement | None, g1: GroupElement | None,
+               dtype: torch.dtype) -> Ends:
+    """Ends (g0 theta_0, g1 theta_1) a stage at a time, in `dtype` (None: the side as it is); each moved
+    parameter computed as symmetry.apply computes it, in float64 at least, then rounded to `dtype`."""
+    maps = [element_maps(g) if g is not None else None for g in (g0, g1)]
+
+    def side(mats: dict | None, p: Params, keys: list[str]) -> Params:
+        if mats is None:
+            return {k: p[k].to(dtype) for k in keys}
+        return {k: act(spec.params[k], mats, p[k].to(torch.promote_types(p[k].dtype, F64))).to(dtype) for k in keys}
+
+    return lambda keys: (side(maps[0], p0, keys), side(maps[1], p1, keys))
 
 
 def peak_rss_bytes() -> int:
@@ -710,13 +902,15 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     xv, yv = val_batch(arch, VAL_ITEMS[arch.task])
     check_twin(pair.model_a, tw, xv[:2])
     ref = next(tw.module.parameters())  # the weights live where the twin runs; the latents on the CPU
-    dtype, cuda = ref.dtype, ref.device.type == "cuda"
+    dtype, cuda = compute_dtype(ref.dtype), ref.device.type == "cuda"  # latents and products: float32 at least
     if cuda:
         torch.cuda.reset_peak_memory_stats(ref.device)
     rss_before = peak_rss_bytes()
     clock = tick()
-    pa = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_a.items()}
-    pb = {k: v.detach().to(ref.device, dtype) for k, v in pair.params_b.items()}
+    # the weights in their stored dtype: each stage widens what it reads (stages, Midpoint, moved_ends)
+    pa = {k: v.detach().to(ref.device) for k, v in pair.params_a.items()}
+    pb = {k: v.detach().to(ref.device) for k, v in pair.params_b.items()}
+    keys = list(pa)
     has_mlp = "mlp" in kinds
     side_b = Transform(arch, spec, kinds, g0_b, dtype,
                        mlp_candidates(spec, pa, pb, g0_b, st.candidates) if has_mlp else None)
@@ -737,19 +931,17 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         return (side_a.element() if side_a else None), side_b.element()
 
     def val_path(g_a: GroupElement | None, g_b: GroupElement) -> list[float]:
-        """The validation loss at each of VAL_LAMBDAS on the path theta_A -> g_A^{-1} g_B theta_B."""
-        moved = apply(arch, relative(arch, g_a, g_b), pb, strict=False)
-        out = []
-        for lam in VAL_LAMBDAS:
-            p = {k: (1 - lam) * pa[k] + lam * moved[k] for k in pa}
-            out.append(mean_loss(lambda x, p=p: functional_logits(tw, p, x), xv, yv, per_pass))
-        return out
+        """The validation loss at each of VAL_LAMBDAS on the path theta_A -> g_A^{-1} g_B theta_B, each
+        block moved and mixed when the forward pass reaches it."""
+        ends = moved_ends(spec, pa, pb, None, relative(arch, g_a, g_b), dtype)
+        return path_losses(tw, keys, ends, VAL_LAMBDAS, xv, yv, per_pass, dtype)
 
     # the chord on the validation batch (g moves B within its function, so it never changes): a run is
     # judged on its validation barrier, the largest excess over the chord at VAL_LAMBDAS, which is what
     # the record's path measures, not on the midpoint alone (a run fitted to lam near 0.5 can leave
     # bumps nearer the endpoints: bench/RESULTS.md, "Validating on the path")
-    end_a, end_b = (mean_loss(lambda x, p=p: functional_logits(tw, p, x), xv, yv, per_pass) for p in (pa, pb))
+    end_a, end_b = path_losses(tw, keys, moved_ends(spec, pa, pb, None, None, dtype), (0.0, 1.0), xv, yv, per_pass,
+                               dtype)
     chord = [(1 - lam) * end_a + lam * end_b for lam in VAL_LAMBDAS]
 
     def excess(losses: list[float]) -> tuple[float, float]:
@@ -825,10 +1017,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             f = fraction_factor(budget_fraction(step - 1, steps, now, time_budget_s), st.warmup)
         for g in opt.param_groups:
             g["lr"] = g["peak"] * f
-        theta_b = act_ste(spec, side_b.maps(), pb)
-        theta_a = act_ste(spec, side_a.maps(), pa) if side_a else pa
-        mid = {k: (1 - lam) * theta_a[k] + lam * theta_b[k] for k in pa}
-        del theta_a, theta_b
+        mid = Midpoint(spec, ((side_a.maps() if side_a else None, pa), (side_b.maps(), pb)), lam, dtype)
         opt.zero_grad(set_to_none=True)
         loss = backward_loss(tw, mid, x[rows], y[rows], per_pass) * share
         del mid
@@ -865,6 +1054,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     opt_seconds = t_opt()
     memory = {
         "dtype": str(dtype).removeprefix("torch."),
+        "weights_dtype": str(ref.dtype).removeprefix("torch."),
         "model_bytes": tensor_bytes(pair.params_a.values()),
         "latent_bytes": tensor_bytes(latents),
         "candidate_bytes": tensor_bytes(c for s in sides for c in getattr(s, "mlp_cand", [])),
@@ -923,13 +1113,21 @@ def latent_count(arch: Arch) -> int:
 
 def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sides: int = 1) -> int:
     """Peak scratch beyond the two models (bytes), from the config alone (registry entry `learned`; `dual`
-    with sides=2; the arithmetic is engine.resources'): weight matching's (its start), the float64 latents
-    with their gradient and two Adam moments, the moved and interpolated parameters and their gradients,
-    one training batch's activations kept for the backward pass, and its logits and their gradient."""
+    with sides=2; the arithmetic is engine.resources'): the larger of weight matching's (the start, freed
+    before the first step) and the optimisation's, whose parts are, in the compute dtype c (float32 at
+    least) and per side, the latents with their gradient and two Adam moments (4 c Z), the MLP candidate
+    graphs (8 L m k) and a residual rotation's Newton-Schulz graph (26 D^2 c); for the step, one block
+    formed again in the backward pass (both sides' moved copies, the chains' saved inputs, the mix and its
+    gradient: 8 P_layer c), the embedding and readout matrices (5 V D c: the readout's mix and gradient, a
+    gathered embedding's dense gradient and its moved copies), each block's input kept for the backward
+    pass and one block's activations (N_tr (L + 1) D c and N_tr (6 D + 3 m + h T) c), and one micro-batch's
+    logits with their softmax and gradient (3 LOGIT_BYTES); validation's five lam points hold one
+    block's input each (5 N_val D c), less than the step's blocks."""
     D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
-    T, f = seq_len(arch), F64.itemsize
+    T, c = seq_len(arch), max(4, itemsize)
     items = AlignContext.__dataclass_fields__["batch"].default
-    n, rows = items * T, items * T if arch.task == "lm" else items  # positions, logit rows
-    return (weight_scratch(arch, params, layer_params, itemsize) + sides * 4 * f * latent_count(arch)
-            + (2 + 2 * sides) * params * itemsize + n * L * (6 * D + 3 * m + h * T) * itemsize
-            + rows * V * (2 * itemsize + 2 * f))
+    n = items * T  # positions of one training batch
+    per_side = 4 * c * latent_count(arch) + 8 * L * m * min(m, CANDIDATES) + 26 * D * D * c
+    step = (8 * layer_params * c + 5 * V * D * c + n * (L + 1) * D * c + n * (6 * D + 3 * m + h * T) * c
+            + 3 * LOGIT_BYTES)
+    return max(weight_scratch(arch, params, layer_params, itemsize), sides * per_side + step)

@@ -376,11 +376,20 @@ class Transformer(nn.Module):
         T = x.shape[1]
         if T > self.cfg.seq_len:
             raise ModelError(f"Input length {T} exceeds the model's context of {self.cfg.seq_len}.")
-        rope = None
-        if self.cfg.pe == "rope":
-            rope = (self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype))
+        rope = self.rope_tables(x)
         for block in self.blocks:
             x = block(x, rope)
+        return self.readout(x)
+
+    def rope_tables(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) [T, r/2] for the positions of x [B, T, D] in x's dtype; None without RoPE."""
+        if self.cfg.pe != "rope":
+            return None
+        T = x.shape[1]
+        return self.rope_cos[:T].to(x.dtype), self.rope_sin[:T].to(x.dtype)
+
+    def readout(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits from the last block's output: the final norm, the class token (ViT), the head."""
         x = self.norm_f(x)
         if self.cfg.task == "vit":
             x = x[:, 0]  # [B, D] class token
