@@ -605,7 +605,8 @@ def load_record(file: Path) -> dict:
     file = Path(file)
     if not file.exists() and not file.is_symlink():
         raise LMCError(f"Result file {file} does not exist.")
-    rec = read_json_object(file, f"Result file {file}", max_bytes=MAX_RECORD_BYTES, allow_nan=True)
+    rec = read_json_object(file, f"Result file {file}", max_bytes=MAX_RECORD_BYTES, allow_nan=True,
+                           kind="a result record")
     problem = record_problem(rec, f"Result file {file}")
     if problem:
         raise LMCError(problem)

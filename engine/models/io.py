@@ -64,13 +64,14 @@ def _short(v, n: int = 60) -> str:
 
 
 def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = MAX_JSON_BYTES,
-                     allow_nan: bool = False) -> dict:
+                     allow_nan: bool = False, kind: str = "a JSON config") -> dict:
     """A JSON file holding an object, with one clear sentence for every way it can be unusable.
 
     A symlink is followed; its target must be a regular file of at most `max_bytes` (a link to
-    /dev/zero or to a directory would otherwise hang or crash the reader). NaN and Infinity, which
-    JSON does not have, are refused unless `allow_nan` (files the engine wrote itself: Python's json
-    writes them for non-finite floats).
+    /dev/zero or to a directory would otherwise hang or crash the reader), the refusal naming what
+    the file is meant to be (`kind`: a JSON config, a result record, a shard index). NaN and
+    Infinity, which JSON does not have, are refused unless `allow_nan` (files the engine wrote
+    itself: Python's json writes them for non-finite floats).
     """
     f = Path(f)
     name = what or str(f)
@@ -83,10 +84,10 @@ def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = M
     except OSError as e:
         raise ModelError(f"{name} cannot be read ({e.strerror}).") from None
     if not stat.S_ISREG(st.st_mode):
-        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise ModelError(f"{name} is {kind}.")
+        found = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ModelError(f"{name} is {found}.")
     if max_bytes is not None and st.st_size > max_bytes:
-        raise ModelError(f"{name} is {st.st_size:,} bytes, too large for a JSON config (at most {max_bytes:,}).")
+        raise ModelError(f"{name} is {st.st_size:,} bytes, too large for {kind} (at most {max_bytes:,}).")
     try:
         text = f.read_bytes().decode("utf-8")
         obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
@@ -255,7 +256,7 @@ def check_closed_world(path: Path) -> None:
                 raise ModelError(f"Model directory {path}: {p.name} is a symbolic link to {target}, outside the "
                                  "model directory; a model directory must hold its own files.")
     if os.path.lexists(path / INDEX):
-        index = read_json_object(path / INDEX)
+        index = read_json_object(path / INDEX, kind="a shard index")
         weight_map = index.get("weight_map")
         if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise ModelError(f"{path / INDEX} has no weight_map object of tensor names to shard file names.")

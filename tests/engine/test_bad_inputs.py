@@ -686,6 +686,34 @@ def test_an_unreadable_manifest_lists_the_records_present(tiny_zoo, capsys):
     capsys.readouterr()
 
 
+def _sparse(f: Path, size: int) -> Path:
+    """A file of `size` bytes that takes no room on the disk (a hole)."""
+    f.parent.mkdir(parents=True, exist_ok=True)
+    with open(f, "wb") as h:
+        h.truncate(size)
+    return f
+
+
+def test_an_oversized_json_file_is_refused_as_what_it_is(tmp_path, ctx, capsys):
+    """The size refusal names the kind of file: a result record, a config, a shard index."""
+    from engine.models.io import MAX_JSON_BYTES, check_closed_world
+    from engine.results import MAX_RECORD_BYTES
+
+    rec = _sparse(tmp_path / "r.json", MAX_RECORD_BYTES + 1)
+    with pytest.raises(LMCError) as e:
+        load_record(rec)
+    assert str(e.value) == (f"Result file {rec} is {MAX_RECORD_BYTES + 1:,} bytes, too large for a result record "
+                            f"(at most {MAX_RECORD_BYTES:,}).")
+    d = Path(ctx.model())
+    _sparse(d / "config.json", MAX_JSON_BYTES + 1)
+    assert main([I, str(d), ctx.b, "--points", "2"]) == 2
+    assert capsys.readouterr().err == (f"error: {d / 'config.json'} is {MAX_JSON_BYTES + 1:,} bytes, too large for a "
+                                       f"JSON config (at most {MAX_JSON_BYTES:,}).\n")
+    index = _sparse(tmp_path / "m" / "model.safetensors.index.json", MAX_JSON_BYTES + 1)
+    with pytest.raises(ModelError, match=rf"^{re.escape(str(index))} is [\d,]+ bytes, too large for a shard index "):
+        check_closed_world(index.parent)
+
+
 # ---------------------------------------------------------------------------------------------
 # Hypothesis: any mutation of a config.json is a model that loads and runs, or a one-line refusal naming it
 
