@@ -263,10 +263,7 @@ def set_note(run_id: str, note: str, root: Path | str | None = None) -> dict:
     entry = _read(f)[0]
     run = {k: v for k, v in entry["run"].items() if k != "note"} | ({"note": note.strip()} if note.strip() else {})
     entry = {**entry, "run": run}
-    try:
-        write_record(entry, f)
-    except OSError as e:
-        raise OutputError(f"Could not write the note into {f} ({e.strerror or e}).") from None
+    write_record(entry, f)
     return entry
 
 

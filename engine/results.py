@@ -687,8 +687,11 @@ def _locked(root: Path):
     except ImportError:
         yield
         return
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root, os.O_RDONLY)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        fd = os.open(root, os.O_RDONLY)
+    except OSError as e:
+        raise OutputError(f"Could not write into the result store {root} ({e.strerror or e}).") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

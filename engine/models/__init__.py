@@ -102,10 +102,6 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
     mt = config.get("model_type")
     if mt in hf:
         return hf[mt].config_arch(config, source)
-    if mt == "bert":
-        from transformers import BertConfig
-
-        return hf_bert.arch(BertConfig(**{k: v for k, v in config.items() if k != "model_type"}), source)
     if fam == "timm_vit" or "architecture" in config:
         return timm_vit.arch(timm_vit.module_from_config(config, source), source)
     raise ModelError(f"{source} is not a reference, GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX, BERT or timm ViT config.")

@@ -29,6 +29,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,15 +38,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelError
-from engine.models import native as nat
-from engine.models.base import Arch, Family, Model, Params
+from engine.models.base import Arch, Model
+from engine.models.hf_family import LINEAR, QUERY, QUERY_BIAS, WRITER, HFFamily, Key, KeyMap, Refusal, activation
 from engine.models.io import read_config
 
 if TYPE_CHECKING:
     from transformers import BertConfig
 
 FAMILY = "hf_bert"
-MODEL_TYPE = "bert"
 DISPLAY = "BERT (Hugging Face transformers)"
 CLASS = "BertForMaskedLM"
 PRETRAINING, ENCODER = "BertForPreTraining", "BertModel"
@@ -73,83 +73,48 @@ def no_loss(name: str) -> str:
             "section 9).")
 
 
-def arch(config: BertConfig, source: str = "BERT config", layout: str | None = None) -> Arch:
-    """The architecture summary of `layout` (default: the config's own, layout_of); refuses BERT options the
-    canonical layout cannot express."""
-    def refuse(option: str, why: str) -> None:
-        raise ModelError(f"{source} uses {option}, which the engine does not support ({why}).")
-
-    if config.is_decoder or config.add_cross_attention:
-        refuse("is_decoder or add_cross_attention", "a causal or cross-attending BERT is not a masked-LM encoder")
-    pe = getattr(config, "position_embedding_type", "absolute")
-    if pe != "absolute":
-        refuse(f"position_embedding_type={pe!r}", "only absolute learned positions are supported")
-    if not config.tie_word_embeddings:
-        refuse("tie_word_embeddings=False", "an untied decoder keeps a second, unused bias beside the one it adds")
-    if config.hidden_act not in ACTIVATIONS:
-        refuse(f"hidden_act={config.hidden_act!r}", f"supported: {sorted(ACTIVATIONS)}")
+def _summary(config, refuse) -> Arch:
     D, h = config.hidden_size, config.num_attention_heads
-    if D % h:
-        refuse(f"hidden_size={D} with {h} heads", "the heads must split the hidden size evenly")
     return Arch(
         family=FAMILY, task="lm", n_layers=config.num_hidden_layers, d_model=D, n_heads=h, n_kv_heads=h,
         d_head=D // h, d_mlp=config.intermediate_size, n_out=config.vocab_size,
         n_ctx=config.max_position_embeddings, pe="learned", rope_layout=None, rotary_dim=0, rope_base=0.0,
         norm="layernorm", norm_bias=True, norm_eps=config.layer_norm_eps, mlp=ACTIVATIONS[config.hidden_act],
-        attn_bias=True, out_bias=True, mlp_bias=True, head_bias=(layout or layout_of(config)) != ENCODER,
+        attn_bias=True, out_bias=True, mlp_bias=True, head_bias=layout_of(config) != ENCODER,
         tied_embeddings=True, causal=False, post_norm=True,
     )
 
 
-def wrap(module, name: str = "", path: Path | None = None, source: str = "BERT config") -> Model:
-    """A Model handle around a BertForMaskedLM, BertForPreTraining or BertModel (checks the architecture is
-    supported)."""
-    layout = type(module).__name__
-    module.config.architectures = [layout]  # a built module's config names its layout as a saved one does
-    return Model(FAMILY, arch(module.config, source, layout), module.eval(), module.config.to_dict(), name=name,
-                 path=path)
+REFUSALS = (
+    Refusal(lambda c: c.is_decoder or c.add_cross_attention, "is_decoder or add_cross_attention",
+            "a causal or cross-attending BERT is not a masked-LM encoder"),
+    Refusal(lambda c: getattr(c, "position_embedding_type", "absolute") != "absolute",
+            "position_embedding_type={c.position_embedding_type!r}", "only absolute learned positions are supported"),
+    Refusal(lambda c: not c.tie_word_embeddings, "tie_word_embeddings=False",
+            "an untied decoder keeps a second, unused bias beside the one it adds"),
+    activation("hidden_act", ACTIVATIONS),
+    Refusal(lambda c: c.hidden_size % c.num_attention_heads, "hidden_size={c.hidden_size} with "
+            "{c.num_attention_heads} heads", "the heads must split the hidden size evenly"),
+)
 
 
-def _class(layout: str):
-    import transformers
-
-    return getattr(transformers, layout)
-
-
-def build(config: BertConfig | dict, seed: int = 0, dtype: torch.dtype = torch.float32, layout: str = CLASS) -> Model:
-    """A freshly initialised BERT of `layout` (LAYOUTS; HF's own init) for tests."""
-    from transformers import BertConfig
-
-    if isinstance(config, dict):
-        config = BertConfig(**config)
-    arch(config, layout=layout)  # refuse before spending time on construction
-    config._attn_implementation = "sdpa"  # the kernel load_hf asks for: a built model computes as a loaded one
-    with nat.seeded(seed):
-        module = _class(layout)(config)
-    return wrap(module.to(dtype))
+def _name_layout(module) -> None:
+    """A built module's config names its layout (its class) as a saved one does."""
+    module.config.architectures = [type(module).__name__]
 
 
-def detect(path: Path) -> bool:
-    return nat.hf_model_type(path) == MODEL_TYPE
+def _load_class(path: Path) -> str:
+    """The layout to read a directory as: the one `architectures` names (LAYOUTS only), except a masked LM whose
+    weights also hold the next-sentence head (bert-base names BertForMaskedLM but stores the pre-training
+    heads), read as BertForPreTraining."""
+    from safetensors import safe_open
 
-
-def load(path: Path, dtype: torch.dtype = torch.float32) -> Model:
-    path = Path(path)
     archs = read_config(path).get("architectures") or [CLASS]
     if len(archs) != 1 or archs[0] not in LAYOUTS:
         raise ModelError(f"Model directory {path} holds {', '.join(map(str, archs))}; of BERT the engine reads "
                          f"{', '.join(LAYOUTS)} checkpoints only.")
-    module = nat.load_hf(_class(_stored_layout(path, archs[0])), path, dtype, MODEL_TYPE, DISPLAY)
-    return wrap(module, name=path.name, path=path, source=f"Model directory {path}")
-
-
-def _stored_layout(path: Path, named: str) -> str:
-    """The layout to read: the named one, except a masked LM whose weights also hold the next-sentence head
-    (bert-base names BertForMaskedLM but stores the pre-training heads), read as BertForPreTraining."""
-    from safetensors import safe_open
-
-    if named != CLASS:
-        return named
+    if archs[0] != CLASS:
+        return archs[0]
     try:
         for f in sorted(path.glob("*.safetensors")):
             with safe_open(str(f), "pt") as fh:  # the header only
@@ -157,97 +122,55 @@ def _stored_layout(path: Path, named: str) -> str:
                     return PRETRAINING
     except (OSError, ValueError, RuntimeError):  # a broken file: load_hf names the problem
         pass
-    return named
+    return CLASS
 
 
-def save(model: Model, path: Path) -> None:
-    nat.save_hf(model.module, Path(path))
+@functools.cache
+def _keymap(bert: str, cls: str, pooler: bool, nsp: bool) -> KeyMap:
+    """The key map of one layout: `bert` and `cls` the native prefixes of the encoder and the heads ("" for a
+    BertModel), with or without the pooler and the next-sentence head."""
+    e, c = bert + "embeddings.", cls + "predictions."
+    final = (
+        Key("head.dense.W", c + "transform.dense.weight", LINEAR, when="head_bias"),  # [D, D]
+        Key("head.dense.b", c + "transform.dense.bias", when="head_bias"),
+        Key("head.norm.g", c + "transform.LayerNorm.weight", when="head_bias"),
+        Key("head.norm.b", c + "transform.LayerNorm.bias", when="head_bias"),
+        Key("head.b", c + "bias", when="head_bias"),  # the decoder's bias is this Parameter, its weight the word embedding
+    )
+    if pooler:
+        final += (Key("head.pool.W", bert + "pooler.dense.weight", LINEAR), Key("head.pool.b", bert + "pooler.dense.bias"))
+    if nsp:
+        final += (Key("head.nsp.W", cls + "seq_relationship.weight", LINEAR),  # [D, 2]
+                  Key("head.nsp.b", cls + "seq_relationship.bias"))
+    return KeyMap(
+        embed=(Key("embed.tok", e + "word_embeddings.weight"), Key("embed.pos", e + "position_embeddings.weight"),
+               Key("embed.segment", e + "token_type_embeddings.weight"),
+               Key("embed.norm.g", e + "LayerNorm.weight"), Key("embed.norm.b", e + "LayerNorm.bias")),
+        block_native=bert + "encoder.layer.{l}.",
+        block=(
+            Key("attn.W_Q", "attention.self.query.weight", QUERY), Key("attn.W_K", "attention.self.key.weight", QUERY),
+            Key("attn.W_V", "attention.self.value.weight", QUERY),  # [h, D, d]
+            Key("attn.b_Q", "attention.self.query.bias", QUERY_BIAS), Key("attn.b_K", "attention.self.key.bias", QUERY_BIAS),
+            Key("attn.b_V", "attention.self.value.bias", QUERY_BIAS),  # [h, d]
+            Key("attn.W_O", "attention.output.dense.weight", WRITER), Key("attn.b_O", "attention.output.dense.bias"),
+            Key("norm1.g", "attention.output.LayerNorm.weight"), Key("norm1.b", "attention.output.LayerNorm.bias"),
+            Key("mlp.W_in", "intermediate.dense.weight", LINEAR), Key("mlp.b_in", "intermediate.dense.bias"),  # [D, m]
+            Key("mlp.W_out", "output.dense.weight", LINEAR), Key("mlp.b_out", "output.dense.bias"),  # [m, D]
+            Key("norm2.g", "output.LayerNorm.weight"), Key("norm2.b", "output.LayerNorm.bias"),
+        ),
+        final=final,
+    )
 
 
-def _parts(model: Model):
-    """(the encoder, the masked-LM head or None, the next-sentence head or None, the native key prefix of
-    the encoder and of the heads)."""
+def _keys(model: Model) -> KeyMap:
     mod = model.module
-    if isinstance(mod, Twin) or not hasattr(mod, "bert"):  # BertModel: the module is the encoder
-        return mod, None, None, "", ""
-    nsp = getattr(mod.cls, "seq_relationship", None)  # BertForPreTraining
-    return mod.bert, mod.cls.predictions, nsp, "bert.", "cls."
+    if not hasattr(mod, "bert"):  # BertModel: the module is the encoder
+        return _keymap("", "", mod.pooler is not None, False)
+    return _keymap("bert.", "cls.", mod.bert.pooler is not None, hasattr(mod.cls, "seq_relationship"))
 
 
-def to_canonical(model: Model) -> Params:
-    a = model.arch
-    bert, head, nsp, _, _ = _parts(model)
-    h, emb = a.n_heads, bert.embeddings
-    p: Params = {
-        "embed.tok": emb.word_embeddings.weight, "embed.pos": emb.position_embeddings.weight,
-        "embed.segment": emb.token_type_embeddings.weight,
-        "embed.norm.g": emb.LayerNorm.weight, "embed.norm.b": emb.LayerNorm.bias,
-    }
-    for l, layer in enumerate(bert.encoder.layer):
-        pre, sa, ao = f"blocks.{l}.", layer.attention.self, layer.attention.output
-        p |= {
-            pre + "attn.W_Q": nat.heads_in(sa.query.weight.T, h),  # [h, D, d]
-            pre + "attn.W_K": nat.heads_in(sa.key.weight.T, h),  # [h, D, d]
-            pre + "attn.W_V": nat.heads_in(sa.value.weight.T, h),  # [h, D, d]
-            pre + "attn.b_Q": sa.query.bias.reshape(h, -1),  # [h, d]
-            pre + "attn.b_K": sa.key.bias.reshape(h, -1),  # [h, d]
-            pre + "attn.b_V": sa.value.bias.reshape(h, -1),  # [h, d]
-            pre + "attn.W_O": nat.heads_out(ao.dense.weight.T, h),  # [h, d, D]
-            pre + "attn.b_O": ao.dense.bias,
-            pre + "norm1.g": ao.LayerNorm.weight, pre + "norm1.b": ao.LayerNorm.bias,
-            pre + "mlp.W_in": layer.intermediate.dense.weight.T, pre + "mlp.b_in": layer.intermediate.dense.bias,  # [D, m]
-            pre + "mlp.W_out": layer.output.dense.weight.T, pre + "mlp.b_out": layer.output.dense.bias,  # [m, D]
-            pre + "norm2.g": layer.output.LayerNorm.weight, pre + "norm2.b": layer.output.LayerNorm.bias,
-        }
-    if head is not None:
-        p |= {
-            "head.dense.W": head.transform.dense.weight.T, "head.dense.b": head.transform.dense.bias,  # [D, D]
-            "head.norm.g": head.transform.LayerNorm.weight, "head.norm.b": head.transform.LayerNorm.bias,
-            "head.b": head.bias,
-        }
-    if bert.pooler is not None:
-        p |= {"head.pool.W": bert.pooler.dense.weight.T, "head.pool.b": bert.pooler.dense.bias}  # [D, D], [D]
-    if nsp is not None:
-        p |= {"head.nsp.W": nsp.weight.T, "head.nsp.b": nsp.bias}  # [D, 2], [2]
-    return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
-
-
-def from_canonical(model: Model, params: Params) -> None:
-    a = model.arch
-    bert, head, nsp, pre_b, pre_c = _parts(model)
-    e, c = pre_b + "embeddings.", pre_c + "predictions."
-    n: dict[str, torch.Tensor] = {
-        e + "word_embeddings.weight": params["embed.tok"], e + "position_embeddings.weight": params["embed.pos"],
-        e + "token_type_embeddings.weight": params["embed.segment"],
-        e + "LayerNorm.weight": params["embed.norm.g"], e + "LayerNorm.bias": params["embed.norm.b"],
-    }
-    for l in range(a.n_layers):
-        pre, hf = f"blocks.{l}.", f"{pre_b}encoder.layer.{l}."
-        for r, name in zip("QKV", ("query", "key", "value")):
-            n[hf + f"attention.self.{name}.weight"] = nat.heads_in_native(params[pre + f"attn.W_{r}"]).T  # [h*d, D]
-            n[hf + f"attention.self.{name}.bias"] = params[pre + f"attn.b_{r}"].reshape(-1)  # [h*d]
-        n |= {
-            hf + "attention.output.dense.weight": nat.heads_out_native(params[pre + "attn.W_O"]).T,  # [D, h*d]
-            hf + "attention.output.dense.bias": params[pre + "attn.b_O"],
-            hf + "attention.output.LayerNorm.weight": params[pre + "norm1.g"],
-            hf + "attention.output.LayerNorm.bias": params[pre + "norm1.b"],
-            hf + "intermediate.dense.weight": params[pre + "mlp.W_in"].T,  # [m, D]
-            hf + "intermediate.dense.bias": params[pre + "mlp.b_in"],
-            hf + "output.dense.weight": params[pre + "mlp.W_out"].T,  # [D, m]
-            hf + "output.dense.bias": params[pre + "mlp.b_out"],
-            hf + "output.LayerNorm.weight": params[pre + "norm2.g"], hf + "output.LayerNorm.bias": params[pre + "norm2.b"],
-        }
-    if head is not None:
-        n |= {
-            c + "transform.dense.weight": params["head.dense.W"].T, c + "transform.dense.bias": params["head.dense.b"],
-            c + "transform.LayerNorm.weight": params["head.norm.g"], c + "transform.LayerNorm.bias": params["head.norm.b"],
-            c + "bias": params["head.b"],  # the decoder's bias is this same Parameter, its weight word_embeddings'
-        }
-    if bert.pooler is not None:
-        n |= {pre_b + "pooler.dense.weight": params["head.pool.W"].T, pre_b + "pooler.dense.bias": params["head.pool.b"]}
-    if nsp is not None:
-        n |= {pre_c + "seq_relationship.weight": params["head.nsp.W"].T, pre_c + "seq_relationship.bias": params["head.nsp.b"]}
-    nat.copy_into(model.module, n)
+def _encoder(model: Model):
+    return getattr(model.module, "bert", model.module)
 
 
 def _check_len(model: Model, inputs: torch.Tensor) -> None:
@@ -261,8 +184,7 @@ def hidden(model: Model, inputs: torch.Tensor) -> torch.Tensor:
     _check_len(model, inputs)
     if isinstance(model.module, Twin):
         return model.module.encode(inputs)
-    bert = _parts(model)[0]
-    return bert(input_ids=inputs).last_hidden_state
+    return _encoder(model)(input_ids=inputs).last_hidden_state
 
 
 def logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
@@ -411,10 +333,20 @@ def twin(model: Model) -> Model:
     return Model(FAMILY, model.arch, module.eval(), model.config, name=model.name, path=model.path)
 
 
-ENTRY = Family(
-    name=FAMILY,
-    display_name=DISPLAY,
+HF = HFFamily(
+    name=FAMILY, model_type="bert", config_name="BERT", display=DISPLAY,
     reference="BERT (Devlin et al., 2019); transformers.BertForMaskedLM, BertForPreTraining, BertModel",
-    detect=detect, load=load, save=save, to_canonical=to_canonical,
-    from_canonical=from_canonical, logits=logits, twin=twin,
+    config_class="BertConfig", model_class=CLASS, keys=_keys, summary=_summary, refusals=REFUSALS,
+    prepare=_name_layout, load_class=_load_class, logits=logits, twin=twin,
 )
+MODEL_TYPE = HF.model_type
+arch, wrap, detect, load, save = HF.arch, HF.wrap, HF.detect, HF.load, HF.save
+to_canonical, from_canonical = HF.to_canonical, HF.from_canonical
+
+
+def build(config: BertConfig | dict, seed: int = 0, dtype: torch.dtype = torch.float32, layout: str = CLASS) -> Model:
+    """A freshly initialised BERT of `layout` (LAYOUTS; HF's own init) for tests."""
+    return HF.build(config, seed, dtype, model_class=layout)
+
+
+ENTRY = HF.entry()

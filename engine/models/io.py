@@ -17,10 +17,13 @@ Writing. Nothing the tool did not write is deleted or replaced:
   listing their files, and `check_output_dir` refuses one holding anything else, a non-empty
   directory without the marker (unless the caller overwrites on purpose: then it is written into,
   file by file, each atomically) and any input model directory;
-- an output file is written to a temporary file beside its target, then moved over it; a symlink is
-  written through (its target is replaced, not the link), and anything but a regular file as the
-  target (a directory, a device, a fifo) is refused; the CLI's --out replaces an existing file only
-  if it is a result record (engine.cli).
+- an output file is written to a temporary file beside its target, flushed to the device, then
+  moved over it; a symlink is written through (its target is replaced, not the link), and anything
+  but a regular file as the target (a directory, a device, a fifo) is refused; the CLI's --out
+  replaces an existing file only if it is a result record (engine.cli);
+- a write the machine fails (a full disk at any step, a quota, an I/O error) is one OutputError
+  naming the place, with the earlier file or model whole and no temporary file left; temporary files
+  of writes that were killed are removed by the next write into the same directory (`remove_stale`).
 Output locations are checked before a computation starts (`check_output_file`, `check_output_dir`),
 so a result is never computed only to be lost at the end.
 """
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -42,6 +46,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from engine.errors import ModelError, OutputError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock
+    fcntl = None
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 MAX_JSON_BYTES = 16 * 2**20  # a config or record larger than this is not one
@@ -457,27 +466,139 @@ def _new_file_mode(full: int = 0o666) -> int:
     return full & ~mask
 
 
+# Temporary names the tool writes beside a target NAME: `.NAME.lmc-XXXXXXXX.tmp` (a file) and
+# `.NAME.lmc-new-XXXXXXXX` / `.NAME.lmc-old-XXXXXXXX` (a model directory's sibling), XXXXXXXX being
+# tempfile's eight random characters. The writer holds an flock on each for as long as it writes; the
+# kernel drops the lock when the writer dies, so a name of this pattern whose lock is free is the
+# leftover of a killed write, and the next write into that directory removes it (the next run kept in
+# the history has a new name, so cleaning by directory, not by target, is what reaches its leftovers).
+# Where there is no flock (Windows) nothing is removed.
+_RANDOM = "[a-z0-9_]{8}"
+STALE = re.compile(rf"\..+\.lmc-(?:{_RANDOM}\.tmp|(?:new|old)-{_RANDOM})")
+
+
+def _lock(fd: int, wait: bool = True) -> bool:
+    """flock `fd` exclusively; False when another process holds it (only without `wait`)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _locked_temp(make: Callable[[], str]) -> tuple[str, int | None]:
+    """A new temporary file or directory (`make` creates it and returns its path) and an open descriptor
+    holding its lock (None without flock). A cleaner could take the lock between creation and locking
+    and remove the path: then a new one is made."""
+    while True:
+        tmp = make()
+        if fcntl is None:
+            return tmp, None
+        fd = os.open(tmp, os.O_RDONLY)
+        _lock(fd)
+        try:
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return tmp, fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def remove_stale(parent: Path) -> list[str]:
+    """Remove the temporary files and directories that killed writes into `parent` left (the names
+    above, their lock free); returns the names removed. Anything else, a user's `.NAME.tmp` or
+    `.NAME.lmc-notes` included, a symbolic link, and a write still running, is left alone."""
+    removed = []
+    if fcntl is None:
+        return removed
+    try:
+        entries = [e for e in os.scandir(parent) if STALE.fullmatch(e.name)]
+    except OSError:
+        return removed
+    for e in sorted(entries, key=lambda e: e.name):
+        p = os.path.join(parent, e.name)
+        try:
+            st = os.lstat(p)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not (is_dir or stat.S_ISREG(st.st_mode)):
+                continue  # a link or anything else: not what the tool writes
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if _lock(fd, wait=False) and os.fstat(fd).st_ino == st.st_ino:
+                if is_dir:
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    os.unlink(p)
+                removed.append(e.name)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _why(e: BaseException) -> str | None:
+    """Why a write failed, when the machine is the reason: an OSError's message, or the OS error that
+    safetensors' writer reports inside its own error ("... I/O error: No space left on device (os error
+    28)"); None for any other exception (a bug, not the machine)."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if isinstance(e, SafetensorError):
+        m = re.search(r"os error (\d+)", str(e))
+        return os.strerror(int(m.group(1))) if m else None
+    return None
+
+
+def _fsync(path: str | Path) -> None:
+    """Flush a written file's data to its device: a full disk that the file system reports only now (a
+    network or delayed-allocation file system) fails here, before the file replaces anything."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
     """`write(tmp)` into a temporary file beside the real target of `file`, then move it over the target.
 
     A symlink is written through; a target that is not a regular file is refused; the permissions of
-    a replaced file are kept. An interrupted write leaves the old file untouched.
+    a replaced file are kept. The data is flushed to the device (fsync) before it takes the target's
+    name, so a failed write (a full disk at any step), a kill or a crash leaves the old file whole and
+    the new one never torn. A failure of the machine is an OutputError naming `file` and the temporary
+    file is removed; temporary files of earlier killed writes into the same directory are removed
+    first (remove_stale).
     """
     target = check_output_file(file)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    mode = target.stat().st_mode & 0o7777 if target.exists() else _new_file_mode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
+    tmp = fd = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(target.parent)
+        mode = target.stat().st_mode & 0o7777 if target.exists() else _new_file_mode()
+
+        def make() -> str:
+            f, t = tempfile.mkstemp(prefix=f".{target.name}.lmc-", suffix=".tmp", dir=target.parent)
+            os.close(f)
+            return t
+
+        tmp, fd = _locked_temp(make)
         write(Path(tmp))
+        _fsync(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise OutputError(f"Could not write {file} ({e.strerror or e}).") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        tmp = None
+    except Exception as e:
+        why = _why(e)
+        if why is None:
+            raise
+        raise OutputError(f"Could not write {file} ({why}).") from None
+    finally:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if fd is not None:
+            os.close(fd)
     return target
 
 
@@ -528,27 +649,29 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
     (with the marker; `check_output_dir` refuses it when it holds anything its last save did not
     write) is exchanged with the sibling in one atomic rename (renameat2; where the file system
     cannot, two renames) and the old one removed, so a kill at any point leaves the old model or the
-    new one whole. The new marker lists the files written. Siblings left by earlier killed saves
-    (`.NAME.lmc-*`) are removed first. A directory the tool did not write (allowed by --overwrite) is
-    written into instead, file by file, each atomically; nothing else in it is touched or claimed.
+    new one whole. Every file is flushed to the device before the swap, so a full disk fails the save
+    (an OutputError naming `path`) with the old model in place and the sibling removed. The new marker
+    lists the files written. Siblings and temporary files left by earlier killed writes into the
+    same directory (`.NAME.lmc-new-*`, their lock free: remove_stale) are removed first. A directory
+    the tool did not write (allowed by --overwrite) is written into instead, file by file, each
+    atomically; nothing else in it is touched or claimed.
     """
     path = _resolved(path)
     if os.path.lexists(path) and not path.is_dir():
         raise OutputError(f"Output directory {path} exists and is not a directory.")
+    new = fd = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in sorted(path.parent.glob(f".{path.name}.lmc-*")):
-            shutil.rmtree(stale, ignore_errors=True)
+        remove_stale(path.parent)
         occupied = path.exists() and any(path.iterdir())
         foreign_dir = occupied and not (path / MARKER).is_file()
-        new = Path(tempfile.mkdtemp(prefix=f".{path.name}.lmc-new-", dir=path.parent))
-    except OSError as e:
-        raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
-    try:
+        new, fd = _locked_temp(lambda: tempfile.mkdtemp(prefix=f".{path.name}.lmc-new-", dir=path.parent))
+        new = Path(new)
         fill(new)
         written = sorted(p.name for p in new.iterdir() if p.is_file())
         mode = _new_file_mode()  # writers of temporary files (safetensors) may leave them private
         for n in written:
+            _fsync(new / n)
             os.chmod(new / n, mode)
         if foreign_dir:
             for n in written:
@@ -558,6 +681,7 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
                 os.replace(new / n, dst)
             return path
         (new / MARKER).write_text(MARKER_TEXT + FILES_LINE + "\t".join(written) + "\n")
+        _fsync(new / MARKER)
         os.chmod(new, _new_file_mode(0o777))  # mkdtemp makes it private
         if not occupied:
             if path.exists():
@@ -569,10 +693,16 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
             os.rename(path, old)
             os.rename(new, path)
             new = old
-    except OSError as e:
-        raise OutputError(f"Could not write into {path} ({e.strerror or e}).") from None
+    except Exception as e:
+        why = _why(e)
+        if why is None:
+            raise
+        raise OutputError(f"Could not write into {path} ({why}).") from None
     finally:
-        shutil.rmtree(new, ignore_errors=True)
+        if new is not None:
+            shutil.rmtree(new, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
     return path
 
 
