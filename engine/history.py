@@ -30,7 +30,7 @@ import warnings
 from pathlib import Path
 
 from engine.errors import LMCError, OutputError
-from engine.models.io import read_json_object
+from engine.models.io import read_json_object, write_json_atomic
 from engine.progress import PHASES
 from engine.results import CACHE, SCHEMA_VERSION, StoreWarning, cache_dir, fields_problem, record_problem, write_record
 
@@ -39,6 +39,7 @@ MAX_NOTE = 2000  # characters of a run's note
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 RUN_FILE = re.compile(rf"run-({RUN_ID.pattern})\.json")
 ID_EXAMPLE = "20261201T032634Z-a3f29c"
+ID_DRAWS = 100  # ids drawn for one save before the history is deemed unwritable
 
 
 def user_data_dir() -> Path:
@@ -137,25 +138,30 @@ def run_problem(entry, name: str) -> str | None:
 
 def _write_new(entry: dict, status: str, root: Path | str | None, seconds: float | None, **run_fields) -> dict:
     """`entry` under a new run id with `status` (its run object: id, status, saved, seconds and
-    `run_fields`), written atomically into the history; returns it."""
+    `run_fields`), written atomically into the history; returns it.
+
+    The id's file name is claimed atomically with the write (write_json_atomic without replace), so two
+    saves that draw one id (two tabs in one second, a suffix drawn twice) never overwrite each other:
+    the later one draws a new id."""
     if status not in STATUSES:
         raise LMCError(f"Run status must be one of {', '.join(STATUSES)}, not {status!r}.")
     root = _root(root)
-    now = time.time()
-    run_id = new_run_id(now)
-    while (root / f"run-{run_id}.json").exists():  # two saves in one second may draw the same suffix
+    for _ in range(ID_DRAWS):
+        now = time.time()
         run_id = new_run_id(now)
-    saved = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
-    run = {"id": run_id, "status": status, "saved": saved} | ({} if seconds is None else {"seconds": round(seconds, 3)})
-    entry = {**entry, "run": run | run_fields}
-    problem = run_problem(entry, "The run")
-    if problem:
-        raise LMCError(f"Cannot keep a broken run in the run history: {problem}")
-    try:
-        write_record(entry, root / f"run-{run_id}.json")
-    except OSError as e:
-        raise OutputError(f"Could not keep the run in the run history {root} ({e.strerror or e}).") from None
-    return entry
+        saved = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+        run = {"id": run_id, "status": status, "saved": saved} | ({} if seconds is None else {"seconds": round(seconds, 3)})
+        new = {**entry, "run": run | run_fields}
+        problem = run_problem(new, "The run")
+        if problem:
+            raise LMCError(f"Cannot keep a broken run in the run history: {problem}")
+        try:
+            write_json_atomic(root / f"run-{run_id}.json", new, replace=False)
+        except FileExistsError:
+            continue
+        return new
+    raise OutputError(f"Could not keep the run in the run history {root}: {ID_DRAWS} run ids drawn in a row were "
+                      "taken already.")
 
 
 def save_run(record: dict, status: str = "done", root: Path | str | None = None,

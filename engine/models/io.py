@@ -30,6 +30,7 @@ so a result is never computed only to be lost at the end.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -561,7 +562,28 @@ def _fsync(path: str | Path) -> None:
         os.close(fd)
 
 
-def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
+def _claim(tmp: str, target: Path) -> bool:
+    """Give the written `tmp` the name `target` unless that name exists (False); atomic, so of two
+    writers claiming one name exactly one succeeds. A hard link does it; on a file system without
+    them (FAT, some network shares) the name is first created exclusively, then replaced."""
+    try:
+        os.link(tmp, target)
+    except FileExistsError:
+        return False
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+            raise
+        try:
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return False
+        os.replace(tmp, target)
+        return True
+    os.unlink(tmp)
+    return True
+
+
+def write_file_atomic(file: Path, write: Callable[[Path], None], replace: bool = True) -> Path:
     """`write(tmp)` into a temporary file beside the real target of `file`, then move it over the target.
 
     A symlink is written through; a target that is not a regular file is refused; the permissions of
@@ -569,10 +591,12 @@ def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
     name, so a failed write (a full disk at any step), a kill or a crash leaves the old file whole and
     the new one never torn. A failure of the machine is an OutputError naming `file` and the temporary
     file is removed; temporary files of earlier killed writes into the same directory are removed
-    first (remove_stale).
+    first (remove_stale). With `replace` False an existing target is never replaced: the write claims the
+    name atomically and raises FileExistsError (nothing written) when it is taken.
     """
     target = check_output_file(file)
     tmp = fd = None
+    taken = False
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         remove_stale(target.parent)
@@ -587,8 +611,12 @@ def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
         write(Path(tmp))
         _fsync(tmp)
         os.chmod(tmp, mode)
-        os.replace(tmp, target)
-        tmp = None
+        if replace:
+            os.replace(tmp, target)
+        else:
+            taken = not _claim(tmp, target)
+        if not taken:
+            tmp = None
     except Exception as e:
         why = _why(e)
         if why is None:
@@ -599,18 +627,20 @@ def write_file_atomic(file: Path, write: Callable[[Path], None]) -> Path:
             Path(tmp).unlink(missing_ok=True)
         if fd is not None:
             os.close(fd)
+    if taken:
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
     return target
 
 
-def write_json_atomic(file: Path, obj, allow_nan: bool = True) -> Path:
-    """`obj` as indented JSON, atomically (write_file_atomic); `allow_nan` False refuses NaN and
-    Infinity (ValueError), which JSON does not have."""
+def write_json_atomic(file: Path, obj, allow_nan: bool = True, replace: bool = True) -> Path:
+    """`obj` as indented JSON, atomically (write_file_atomic, which `replace` is passed to); `allow_nan`
+    False refuses NaN and Infinity (ValueError), which JSON does not have."""
     def write(tmp: Path) -> None:
         with open(tmp, "w") as f:
             json.dump(obj, f, indent=1, allow_nan=allow_nan)
             f.write("\n")
 
-    return write_file_atomic(Path(file), write)
+    return write_file_atomic(Path(file), write, replace)
 
 
 def foreign_files(path: Path) -> list[str]:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import errno
 import importlib.util
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -370,6 +372,78 @@ def test_a_killed_save_to_the_history_is_cleaned_by_the_next_save(tmp_path):
     history.save_run(record(0.1), root=tmp_path)
     assert _temps(tmp_path) == []
     assert [e["barrier"] for e in history.list_runs(tmp_path)] == [pytest.approx(0.1)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Two savers that draw one run id
+
+
+def _ids(*ids: str) -> Callable:
+    """new_run_id drawing `ids` in turn, then failing (a loop that keeps drawing is a bug)."""
+    it = iter(ids)
+    lock = threading.Lock()
+
+    def draw(now=None):
+        with lock:
+            return next(it)
+
+    return draw
+
+
+X, Y = "20260101T000000Z-aaaaaa", "20260101T000000Z-bbbbbb"
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["hard link", "no hard links"])
+def test_two_savers_drawing_one_id_never_overwrite_each_other(links, tmp_path, monkeypatch):
+    """Both check that the id is free before either writes (a barrier holds them there): the claim of the
+    name is atomic, so one keeps the id and the other draws a new one."""
+    if not links:  # a file system without hard links (FAT, some network shares)
+        monkeypatch.setattr(os, "link", lambda *a, **k: _raise(errno.EPERM))
+    monkeypatch.setattr(history, "new_run_id", _ids(X, X, Y))
+    barrier, real, waited = threading.Barrier(2), history.run_problem, set()
+
+    def checked_together(entry, name):
+        if threading.get_ident() not in waited:
+            waited.add(threading.get_ident())
+            barrier.wait(timeout=30)
+        return real(entry, name)
+
+    monkeypatch.setattr(history, "run_problem", checked_together)
+    kept, errors = {}, []
+
+    def save(barrier_value: float) -> None:
+        try:
+            kept[barrier_value] = history.save_run(record(barrier_value), root=tmp_path)["run"]["id"]
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=save, args=(b,)) for b in (0.1, 0.2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert sorted(kept.values()) == [X, Y]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{X}.json", f"run-{Y}.json"]
+    for b, run_id in kept.items():
+        entry = json.loads((tmp_path / f"run-{run_id}.json").read_text())
+        assert entry["run"]["id"] == run_id and entry["barrier"] == pytest.approx(b)
+
+
+def _raise(code: int):
+    raise OSError(code, os.strerror(code))
+
+
+def test_a_history_whose_ids_are_all_taken_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.setattr(history, "new_run_id", _ids(X))
+    history.save_run(record(0.1), root=tmp_path)
+    first = (tmp_path / f"run-{X}.json").read_bytes()
+    monkeypatch.setattr(history, "new_run_id", _ids(*[X] * (history.ID_DRAWS + 5)))
+    with pytest.raises(OutputError, match=rf"^Could not keep the run in the run history {re.escape(str(tmp_path))}: "
+                                          rf"{history.ID_DRAWS} run ids drawn in a row were taken already\.$"):
+        history.save_run(record(0.2), root=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{X}.json"]
+    assert (tmp_path / f"run-{X}.json").read_bytes() == first
 
 
 # ---------------------------------------------------------------------------------------------
