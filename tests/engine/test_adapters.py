@@ -454,6 +454,26 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     _raises_naming(path, lambda: load_model(path), option)
 
 
+@pytest.mark.parametrize(("saved", "change", "option"), [
+    ("hf_gpt2", {"add_cross_attention": True}, "add_cross_attention=True"),
+    ("hf_llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    ("hf_qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}, "sliding_window=8"),
+    ("hf_qwen3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type='linear'"),
+    ("hf_mistral", {"sliding_window": 8}, "sliding_window=8"),
+    ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
+    ("hf_bert", {"tie_word_embeddings": False}, "tie_word_embeddings=False"),
+    ("hf_bert", {"hidden_size": 30}, "hidden_size=30 with 4 heads"),
+], indirect=["saved"])
+def test_an_hf_config_is_refused_before_any_weight_is_read(saved, change: dict, option: str):
+    """The option is named even when the weights are unreadable: the config is checked first (a changed size
+    or an untied head would otherwise surface as weights that do not match)."""
+    _, path = saved
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**cfg, **change}))
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    _raises_naming(path, lambda: load_model(path), f"{path} uses {option}, which the engine does not support")
+
+
 @pytest.mark.parametrize(("change", "option"), [
     ({"class_token": False}, "class_token"),
     ({"global_pool": "avg"}, "global_pool"),
