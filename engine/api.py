@@ -85,6 +85,7 @@ from engine.pipeline import (  # noqa: F401
     model_info,
     multi_models,
     plane_pair,
+    run_config,
     run_pair,
     widen_pair,
 )
@@ -118,6 +119,22 @@ def method_steps(method: str, task: str | None = None) -> int:
     from engine.align import METHODS
 
     return METHODS[method].steps(task) if method in METHODS else 0
+
+
+def method_options(method: str, given: dict | None = None):
+    """`method`'s run options with the values of `given` set (None: unset), validated (engine.options); an
+    option the method does not take is an LMCError naming the methods that do."""
+    from engine.align import method_options as options
+
+    return options(method, given)
+
+
+def option_specs(method: str) -> dict:
+    """Every run option `method` takes, name -> engine.options.Option (kind, flag, label, help, choices,
+    bounds), in declaration order: what a page draws a widget for."""
+    from engine.align import method_entry
+
+    return method_entry(method).options.specs()
 
 
 def eval_size(task: str, n_ctx: int, eval_items: int | None, split: str = "test") -> int:

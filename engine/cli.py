@@ -293,25 +293,17 @@ def _check_zoo_names(names: list[str] | None) -> None:
 
 
 def _run_config(args, method: str, device: str):
+    from engine.align import method_options
     from engine.results import RunConfig
 
+    given = {k.removeprefix(OPTION_DEST): v for k, v in vars(args).items() if k.startswith(OPTION_DEST)}
     return RunConfig(
         model_a=args.model_a, model_b=args.model_b, method=method,
         classes=tuple(getattr(args, "classes", None) or ()), steps=getattr(args, "steps", 0) or 0,
         points=args.points, eval_split=args.split, eval_items=args.eval_items,
-        seed=getattr(args, "seed", 0), device=device, extra=_learned_extra(args), path=args.path, dtype=args.dtype,
+        seed=getattr(args, "seed", 0), device=device, options=method_options(method, given), path=args.path,
+        dtype=args.dtype,
     )
-
-
-def _learned_extra(args) -> tuple[tuple[str, str], ...]:
-    """RunConfig.extra from the learned / dual flags that were given (none given: the config hashes as before)."""
-    given = (("time_budget_s", getattr(args, "time_budget", None)), ("lambdas", getattr(args, "lambda_sampling", None)),
-             ("patience", getattr(args, "patience", None)), ("start", getattr(args, "start", None)))
-    extra = tuple((k, str(v)) for k, v in given if v is not None)
-    if extra and getattr(args, "method", "naive") not in ("learned", "dual"):
-        raise LMCError(f"--time-budget, --lambda-sampling, --patience and --start set learned and dual matching; method "
-                       f"{getattr(args, 'method', 'naive')} does not use them.")
-    return extra
 
 
 def _encoders(args, method: str, device: str) -> bool:
@@ -727,6 +719,34 @@ def _positive_seconds(s: str) -> float:
     return v
 
 
+OPTION_DEST = "option_"  # the argparse destination of a run option's flag: OPTION_DEST + its name
+
+
+def _add_option_args(p: argparse.ArgumentParser) -> None:
+    """One flag per run option of the methods (engine.options), from its declaration: each says which
+    methods take it; a flag the chosen method does not take is refused when the config is built."""
+    from engine.align import METHODS
+
+    takers: dict[str, tuple] = {}
+    for method, entry in METHODS.items():
+        for name, spec in entry.options.specs().items():
+            takers.setdefault(name, (spec, []))[1].append(method)
+    for name, (spec, methods) in takers.items():
+        kw: dict = {"dest": OPTION_DEST + name, "default": None,
+                    "help": f"{' / '.join(methods)}: {spec.help[:1].lower()}{spec.help[1:].rstrip('.')}"}
+        if spec.kind == "choice":
+            kw["choices"] = list(spec.choices)
+        elif spec.kind == "flag":
+            kw |= {"action": "store_const", "const": True}
+        elif spec.kind == "count":
+            kw |= {"type": _int_in(1, spec.most, spec.label), "metavar": "N"}
+        elif spec.kind == "seconds":
+            kw |= {"type": _positive_seconds, "metavar": "SECONDS"}
+        else:  # rate, fraction: their bounds are the options type's to check
+            kw |= {"type": _finite, "metavar": "X"}
+        p.add_argument(spec.flag, **kw)
+
+
 def _add_path_args(p: argparse.ArgumentParser) -> None:
     from engine.api import DEFAULT_EVAL_ITEMS
 
@@ -781,7 +801,6 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_interpolate)
 
     from engine.align import METHODS
-    from engine.align.learned import LAMBDAS, STARTS
     from engine.classes import CLASSES
 
     p = sub.add_parser("align", help="align model B onto model A, then measure the loss barrier")
@@ -792,17 +811,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=_int_in(0, MAX_STEPS, "optimisation steps; 0 for the method's default"), default=0,
                    help="learned / dual optimisation steps (0: the method's default)")
     p.add_argument("--seed", type=_seed, default=0, help="data order and lambda samples of data-driven methods")
-    p.add_argument("--time-budget", type=_positive_seconds, default=None, metavar="SECONDS",
-                   help="learned / dual: seconds of optimisation; alone it ends the run (no step cap) and the "
-                        "step-size schedule follows the clock; with --steps, whichever runs out first")
-    p.add_argument("--lambda-sampling", choices=list(LAMBDAS), default=None,
-                   help="learned / dual: lambda per step from U(0.4, 0.6) (narrow), U(0, 1) (uniform), 0.5 (fixed), "
-                        "or half U(0, 1) and half near the worst validation lambda (adaptive)")
-    p.add_argument("--patience", type=_int_in(1, MAX_STEPS, "validation checks without improvement"), default=None,
-                   help="learned / dual: stop after this many validation checks without a better midpoint loss")
-    p.add_argument("--start", choices=list(STARTS), default=None,
-                   help="learned / dual: the element the latents start from, weight matching (the default) or "
-                        "activation matching on one training batch")
+    _add_option_args(p)
     p.add_argument("--save-merged", type=_path, default=None, metavar="DIR",
                    help="save the interpolated model into this directory (new, empty, or written by this tool)")
     p.add_argument("--alpha", type=_finite, default=None,

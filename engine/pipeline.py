@@ -141,18 +141,39 @@ def load_named(name_or_path: str, dtype: str = "float32", device: str = "cpu") -
 
 
 def final_config(cfg: RunConfig, task: str) -> RunConfig:
-    """The config a run records and hashes: the budget and data actually used, the device resolved.
+    """The config a run records and hashes: the budget and data actually used, the device resolved, the
+    options those of the method's own type (engine.align.method_options: one it does not take is refused).
 
     `cache build` computes it without loading the models to tell whether a stored record is current.
     """
-    from engine.align import method_entry
-    from engine.align.learned import run_options, step_budget
+    from engine.align import method_entry, method_options
+    from engine.align.learned import step_budget
 
     entry = method_entry(cfg.method)
+    options = method_options(cfg.method, cfg.options)
     data = digits_sha256() if task == "vit" else default_splits().sha256
-    steps = step_budget(cfg.steps, run_options(cfg.extra).get("time_budget_s"), entry.steps(task))
-    return replace(cfg, steps=steps, data_sha256=data,
-                   device=resolve_device(cfg.device))
+    steps = step_budget(cfg.steps, options.align_kwargs().get("time_budget_s"), entry.steps(task))
+    return replace(cfg, steps=steps, data_sha256=data, device=resolve_device(cfg.device), options=options)
+
+
+def run_config(config: dict) -> RunConfig:
+    """The RunConfig a record's `config` describes (RunConfig.to_dict's inverse): its `extra` pairs read as
+    the method's options, every field validated."""
+    from dataclasses import fields
+
+    from engine.align import method_entry
+
+    if not isinstance(config, dict) or not isinstance(config.get("extra", ()), (list, tuple)):
+        raise LMCError(f"A run config is an object with a list of option pairs as extra, not {config!r}.")
+    names = {f.name for f in fields(RunConfig)} - {"options"}
+    unknown = sorted(set(config) - names - {"extra"})
+    if unknown:
+        raise LMCError(f"Run config field {unknown[0]!r} is not known; the fields are {', '.join(sorted(names))}, extra.")
+    options = method_entry(config.get("method")).options.from_pairs(config.get("extra", ()))
+    body = {k: v for k, v in config.items() if k != "extra"}
+    if isinstance(body.get("classes"), list):
+        body["classes"] = tuple(body["classes"])
+    return RunConfig(**body, options=options)
 
 
 MAX_EXTRAPOLATION = 100.0  # |alpha| of an extrapolated save: beyond, the weights are alpha (theta_B - theta_A)
@@ -211,11 +232,10 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     unit of work (a model loaded, an evaluation batch, a layer or step, a grid point), before
     anything is written.
     """
-    from engine.align import method_entry
-    from engine.align.learned import run_options
+    from engine.align import method_options
     from engine.align.run import align, alignment_record, endpoint_check
 
-    method_entry(cfg.method)  # before anything else is read
+    method_options(cfg.method, cfg.options)  # the method and its options, before anything else is read
     device = resolve_device(cfg.device)
     info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
     path_a, path_b = info_a.path, info_b.path
@@ -253,7 +273,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         loss_b = evaluate(model_b, es, progress=phases.phase("measure B"), cancel=cancel)["loss"]
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
-               cancel=cancel, **run_options(cfg.extra))
+               cancel=cancel, **cfg.options.align_kwargs())
     trim_freed_memory()  # the alignment's freed scratch goes back before the path model is built
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)
@@ -380,14 +400,13 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     also walks the identity in the aligned runs' coordinates. `cfg.path` must be weights and offload is
     not offered.
     """
-    from engine.align import method_entry
-    from engine.align.learned import run_options
+    from engine.align import method_options
     from engine.align.run import TOLERANCE, align, alignment_record, endpoint_check
     from engine.errors import ExactnessError
     from engine.resources import check_run
     from engine.widen import lift_info, widen_models
 
-    method_entry(cfg.method)
+    method_options(cfg.method, cfg.options)
     if cfg.path != "weights":
         raise LMCError("A width-heterogeneous run interpolates the weights; the circuit path is not offered for it.")
     device = resolve_device(cfg.device)
@@ -415,7 +434,7 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     arch_a = a.arch
     del a
     al = align(lifted, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
-               cancel=cancel, **run_options(cfg.extra))
+               cancel=cancel, **cfg.options.align_kwargs())
     n_paths = naive_paths(b.arch) if cfg.method == "naive" else 1
     tick = phases.phase("interpolate", n_paths * cfg.points)
     path = interpolate(al.model_a, al.model_b, es, cfg.points, progress=relabel(tick, total=n_paths * cfg.points),

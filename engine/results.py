@@ -32,6 +32,7 @@ from pathlib import Path
 
 from engine.errors import LMCError, OutputError
 from engine.models.io import read_json_object, write_json_atomic
+from engine.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "cached_results"
@@ -79,7 +80,7 @@ class RunConfig:
     dtype: str = "float32"
     data_sha256: str = ""
     path: str = "weights"  # PATHS (engine.circuits)
-    extra: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    options: Options = field(default_factory=Options)  # the method's run options (engine.options); none set by default
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -104,14 +105,19 @@ class RunConfig:
         need(isinstance(self.classes, (tuple, list)) and all(isinstance(c, str) for c in self.classes),
              "classes must be a tuple of class names")
         need(self.path in PATHS, f"path must be one of {', '.join(PATHS)}, not {self.path!r}")
+        need(isinstance(self.options, Options), f"options must be a method's options (engine.options), not "
+                                                f"{self.options!r}")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The config as a record holds it: the options as `extra`, their (name, text) pairs (Options.pairs)."""
+        d = asdict(self)
+        d.pop("options")
+        return d | {"extra": self.options.pairs()}
 
     def hash(self) -> str:
         """Content hash of the config (device excluded: results agree up to float error; the default
         weight path excluded too, so records made before paths had a choice keep their hashes)."""
-        d = {k: v for k, v in asdict(self).items() if k != "device" and (k, v) != ("path", "weights")}
+        d = {k: v for k, v in self.to_dict().items() if k != "device" and (k, v) != ("path", "weights")}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -73,6 +73,30 @@ def points_picker() -> int:
              "them. The barrier is read on these points: fewer can miss the peak.")
 
 
+def options_picker(method: str) -> dict:
+    """The method's run options (engine.options), one widget each from its declaration, in a closed
+    expander; a widget left empty (or a box left clear) leaves its option to the method's default."""
+    specs = api.option_specs(method)
+    if not specs:
+        return {}
+    values = {}
+    with st.expander("Method options"):
+        for name, spec in specs.items():
+            key, label, help_ = f"option_{method}_{name}", spec.label[:1].upper() + spec.label[1:], spec.help
+            if spec.kind == "choice":
+                values[name] = st.selectbox(label, [None, *spec.choices], key=key, help=help_,
+                                            format_func=lambda v: "default" if v is None else v)
+            elif spec.kind == "flag":
+                values[name] = st.checkbox(label, key=key, help=help_) or None
+            elif spec.kind == "count":
+                values[name] = st.number_input(label, min_value=1, max_value=spec.most, value=None, step=1, key=key,
+                                               help=help_, placeholder="default")
+            else:  # seconds, rate, fraction: their bounds are checked when the config is made
+                values[name] = st.number_input(label, min_value=0.0, value=None, key=key, help=help_,
+                                               placeholder="default", format="%g")
+    return values
+
+
 @st.cache_data(show_spinner=False, max_entries=2)
 def kept_runs(home: str, stamp: int) -> list[dict]:
     """The finished runs of the run history (newest first), read again only when `stamp` changes."""
@@ -309,10 +333,12 @@ with right, st.container(border=True):
     st.markdown("**Recompute live**")
     eval_items = eval_items_picker(sel)
     points = points_picker()
+    options = options_picker(sel.method)
     cfg = None
     if description:
         try:
-            cfg = api.RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items, points=points)
+            cfg = api.RunConfig(sel.model_a, sel.model_b, sel.method, eval_items=eval_items, points=points,
+                                options=api.method_options(sel.method, options))
         except api.LMCError as e:
             messages.error(e)
     ready = cfg is not None

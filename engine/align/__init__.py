@@ -10,12 +10,13 @@ Every method can be restricted to a subset of symmetry classes (engine.classes.C
 prepares the pair, runs a method and checks exactness; `engine.api.run_pair` turns the result into
 a record. Each entry also says what a run of it needs before it starts (its scratch memory, its step
 budget), from functions in the aligner's own file, so that engine.resources asks the registry instead
-of reaching into an aligner.
+of reaching into an aligner, and which run options it takes (engine.options; the CLI's flags and the
+app's widgets are built from them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from engine.align import activation, dual, learned, naive, weight
@@ -24,10 +25,12 @@ from engine.align.common import AlignContext, AlignOutput
 from engine.align.dual import align_dual
 from engine.align.learned import DEFAULT_STEPS, TASK_STEPS, align_learned
 from engine.align.naive import align_naive
+from engine.align.options import LearnedOptions, WeightOptions
 from engine.align.weight import align_weights
 from engine.classes import CLASSES
 from engine.errors import LMCError
 from engine.models.base import Arch
+from engine.options import Options
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class Method:
     # peak scratch memory beyond the two models, in bytes, from the config alone (engine.resources):
     # (arch, parameters of one model, parameters of one block, bytes per element of the run's dtype)
     scratch: Callable[[Arch, int, int, int], int] | None = None
+    options: type[Options] = Options  # the run options it takes (engine.options)
 
     def steps(self, task: str | None) -> int:
         """The budget of a run on `task` that asks for 0 steps."""
@@ -53,13 +57,14 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            scratch=naive.scratch_bytes),
     Method("weight", "Weight matching", "Git Re-Basin (ICLR 2023), extended to heads, "
            "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights, False,
-           scratch=weight.scratch_bytes),
+           scratch=weight.scratch_bytes, options=WeightOptions),
     Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
            align_activations, True, scratch=activation.scratch_bytes),
     Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
-           "estimator", align_learned, True, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes),
+           "estimator", align_learned, True, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes,
+           options=LearnedOptions),
     Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
-           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes),
+           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes, options=LearnedOptions),
 ]}
 
 
@@ -73,4 +78,23 @@ def method_entry(name: str) -> Method:
     return entry
 
 
-__all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method", "method_entry"]
+def method_options(name: str, given: Mapping[str, object] | Options | None = None) -> Options:
+    """Method `name`'s options with the fields of `given` set (a mapping, None for unset, or another
+    options object), validated; an option the method does not take is refused in one sentence naming
+    the methods that do."""
+    entry = method_entry(name)
+    if isinstance(given, Options):
+        given = given.given()
+    values = {k: v for k, v in (given or {}).items() if v is not None}
+    for k in values:
+        if k not in entry.options.specs():
+            takers = {m: e.options.specs()[k] for m, e in METHODS.items() if k in e.options.specs()}
+            if not takers:
+                raise LMCError(f"Option {k} is not an option of any method; {name} takes "
+                               f"{', '.join(entry.options.specs()) or 'none'}.")
+            raise LMCError(f"Option {k} ({next(iter(takers.values())).flag}) sets {' and '.join(takers)} "
+                           f"matching; method {name} does not use it.")
+    return entry.options(**values)
+
+
+__all__ = ["CLASSES", "METHODS", "AlignContext", "AlignOutput", "Method", "method_entry", "method_options"]

@@ -133,6 +133,29 @@ def test_live_run_with_the_picked_method_is_drawn_beside_the_cached_curves(tiny_
     assert drawn[f"{names['weight']}, live (1,024 tokens)"] == pytest.approx(live["loss"], abs=0)
 
 
+def test_the_method_options_widgets_reach_the_run_and_its_record(tiny_env):
+    at = page()
+    at.selectbox(key="method").select("weight").run()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    (box,) = [e for e in at.main.expander if e.label == "Method options"]
+    assert [w.label for w in box.selectbox] == ["Head cost", "MLP score"]  # WeightOptions, in order
+    assert [w.label for w in box.checkbox] == ["Scale blocks by fan-in"]
+    assert [w.label for w in box.number_input] == ["Stopping tolerance"]
+    at.selectbox(key="option_weight_head_cost").select("normalised")
+    at.checkbox(key="option_weight_block_scale").check()
+    finish(at.button(key="run").click().run())
+    assert not at.exception
+    live = at.session_state["live_runs"][CACHED_PAIRS[0]]["weight"]
+    assert live["config"]["extra"] == (("head_cost", "normalised"), ("block_scale", "True"))
+    assert live["alignment"]["diagnostics"]["settings"] | {"seen_tokens": None} == {
+        "head_cost": "normalised", "mlp_score": "inner", "block_scale": True, "seen_tokens": None, "stop_tol": None}
+    at.selectbox(key="method").select("learned").run()
+    at.number_input(key="option_learned_time_budget_s").set_value(0.0).run()
+    assert [e.value for e in at.main.error] == [
+        "Option time_budget_s (--time-budget) must be a positive number of seconds, not 0.0."]
+    assert at.button(key="run").disabled
+
+
 def test_an_unbuilt_zoo_is_refused_before_any_run(monkeypatch, tmp_path):
     monkeypatch.setenv("LMC_ZOO_DIR", str(tmp_path / "zoo"))
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))

@@ -274,16 +274,17 @@ def test_dual_reads_its_settings_from_the_context():
 
 
 def test_run_options_parse_and_refuse():
-    from engine.align.learned import run_options
+    from engine.align.options import LearnedOptions
 
-    assert run_options(()) == {}
-    got = run_options((("time_budget_s", "30"), ("lambdas", "uniform"), ("patience", "3")))
-    assert got == {"time_budget_s": 30.0, "learned": Settings(lambdas="uniform", patience=3)}
-    assert run_options((("start", "activation"),)) == {"learned": Settings(start="activation")}
+    assert LearnedOptions.from_pairs(()).align_kwargs() == {}
+    got = LearnedOptions.from_pairs((("time_budget_s", "30"), ("lambdas", "uniform"), ("patience", "3")))
+    assert got.align_kwargs() == {"time_budget_s": 30.0, "learned": Settings(lambdas="uniform", patience=3)}
+    assert LearnedOptions.from_pairs((("start", "activation"),)).align_kwargs() == {
+        "learned": Settings(start="activation")}
     for bad in ((("time_budget_s", "-1"),), (("patience", "x"),), (("lambdas", "wide"),), (("speed", "1"),),
                 (("start", "naive"),)):
         with pytest.raises(LMCError):
-            run_options(bad)
+            LearnedOptions.from_pairs(bad)
 
 
 def test_cli_flags_reach_the_record(tmp_path, capsys):
