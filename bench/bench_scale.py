@@ -8,10 +8,13 @@ Pairs (built once into --dir, float32 safetensors, HF's own initialisation):
     gpt2-indep     two GPT-2-small initialisations (seeds 0 and 1)
     llama-planted  GQA Llama, 4 layers, D 1024, 16 heads in 4 KV groups, m 2816, vocabulary 32,000
                    (110M); g* of every default class, residual rotation included
+    tinyllama-planted  TinyLlama-1.1B's shape (22 layers, D 2048, 32 heads in 4 KV groups, m 5632,
+                   vocabulary 32,000, untied): the same planting, both models stored as released ones
+                   are, bfloat16 safetensors in 1 GB shards with model.safetensors.index.json
 Tasks, each in a fresh process so that its peak memory is its own:
     weight         align(..., "weight", in_place=True): the aligner alone
     activation     align(..., "activation", in_place=True)
-    learned, dual  align(..., steps=3)
+    learned, dual  align(..., steps=--steps, default 3), validated once, at the last step
     run            engine.api.run_pair: load, align (weight), 3-point path on 2,048 tokens, endpoint check
     eval           engine.evaluate on 4,096 tokens of the bundled corpus (byte ids)
 Figures: time in units of one 2048 x 2048 float32 matmul measured in the same process (best of 5,
@@ -32,10 +35,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted")
+PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted", "tinyllama-planted")
 TASKS = ("weight", "activation", "learned", "dual", "run", "eval")
 LLAMA = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
          "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 256, "tie_word_embeddings": False}
+TINYLLAMA = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+             "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048,
+             "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+CONFIGS = {"llama": LLAMA, "tinyllama": TINYLLAMA}
+STORED = {"tinyllama": "bfloat16"}  # kinds stored as released checkpoints are: this dtype, sharded
+SHARD = "1GB"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -51,14 +60,20 @@ def build_pairs(root: Path, names: list[str]) -> None:
     from engine.spec import build_spec
     from engine.symmetry import apply, sample
 
+    def store(module, kind: str, out: Path) -> None:
+        if kind in STORED:
+            module.to(getattr(torch, STORED[kind])).save_pretrained(out, safe_serialization=True, max_shard_size=SHARD)
+        else:
+            module.save_pretrained(out, safe_serialization=True)
+
     def init(kind: str, seed: int, out: Path) -> None:
         if (out / "config.json").exists():
             return
         torch.manual_seed(seed)
-        m = GPT2LMHeadModel(GPT2Config()) if kind == "gpt2" else LlamaForCausalLM(LlamaConfig(**LLAMA))
-        m.save_pretrained(out, safe_serialization=True)
+        m = GPT2LMHeadModel(GPT2Config()) if kind == "gpt2" else LlamaForCausalLM(LlamaConfig(**CONFIGS[kind]))
+        store(m, kind, out)
 
-    def plant(src: Path, out: Path, seed: int) -> None:
+    def plant(kind: str, src: Path, out: Path, seed: int) -> None:
         if (out / "config.json").exists():
             return
         a = load_model(src)
@@ -75,14 +90,18 @@ def build_pairs(root: Path, names: list[str]) -> None:
         for v in moved.values():  # small noise: recovery must be robust, not bit-exact
             v.add_(torch.randn(v.shape, generator=gen, dtype=v.dtype) * 1e-3 * float(v.std().nan_to_num(0.0)))
         set_canonical(a, moved)
-        save_model(a, out)
+        del moved
+        if kind in STORED:
+            store(a.module, kind, out)
+        else:
+            save_model(a, out)
         (out / "planted.json").write_text(json.dumps({"kinds": sorted(kinds), "seed": seed}))
 
     for name in names:
         kind = name.split("-")[0]
         init(kind, 0, root / f"{kind}-s0")
         if name.endswith("planted"):
-            plant(root / f"{kind}-s0", root / f"{kind}-planted", seed=3)
+            plant(kind, root / f"{kind}-s0", root / f"{kind}-planted", seed=3)
         else:
             init(kind, 1, root / f"{kind}-s1")
 
@@ -109,7 +128,8 @@ def matmul_seconds() -> float:
     return best
 
 
-def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = None) -> dict:
+def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = None, steps: int = 3,
+            log: Path | None = None) -> dict:
 
     import torch
 
@@ -146,13 +166,23 @@ def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = Non
     Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak (VmHWM) restarts from the current RSS
     t0 = time.perf_counter()
     if task in ("weight", "activation", "learned", "dual"):
+        from engine.align.learned import Settings
         from engine.align.run import align
 
-        al = align(a, b, task, classes, steps=3 if task in ("learned", "dual") else 0, in_place=True,
-                   compare_one_sided=False)
+        def progress(done: int, total: int, text: str) -> None:  # to a file: a 1B run takes many minutes
+            if log is not None:
+                with log.open("a") as f:
+                    f.write(f"{time.perf_counter() - t0:8.1f} s  peak {hwm() / 2**30:.2f} GiB  {text}\n")
+
+        steps_ = steps if task in ("learned", "dual") else 0
+        al = align(a, b, task, classes, steps=steps_, in_place=True, compare_one_sided=False, progress=progress,
+                   learned=Settings(eval_every=steps_) if steps_ else None)  # one validation check, at the end
         seconds, peak = time.perf_counter() - t0, hwm()  # the recovery measurement below is not the aligner's
         info = al.out.info
         out |= {"sweeps": len(info.get("sweeps", [])), "stop": info.get("stop"), "classes": sorted(al.classes)}
+        if "memory" in info:  # learned, dual: the optimiser's own figures
+            out |= {"memory": info["memory"], "steps_done": info["steps_done"],
+                    "seconds_per_step": info["seconds_per_step"], "init_seconds": info.get("init_seconds")}
         if (b_dir / "planted.json").exists():
             out["relative_distance"] = recovery(al)
     elif task == "run":
@@ -174,9 +204,10 @@ def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = Non
     if task not in ("weight", "activation", "learned", "dual"):
         seconds, peak = time.perf_counter() - t0, hwm()
     unit = (unit0 + matmul_seconds()) / 2
-    one = (a_dir / "model.safetensors").stat().st_size  # one model's bytes (tied weights stored once)
+    one = sum(f.stat().st_size for f in a_dir.glob("*.safetensors"))  # one model's stored bytes (tied weights once)
     out |= {"seconds": seconds, "matmul_units": seconds / unit, "matmul_ms": unit * 1e3,
-            "peak_over_model": (peak - base) / one, "model_mb": one / 1e6}
+            "peak_over_model": (peak - base) / one, "model_mb": one / 1e6, "peak_gib": peak / 2**30,
+            "baseline_gib": base / 2**30}
     if task == "eval":
         out["fraction_of_matmul_rate"] = 2 * out["params"] * out["tokens_per_s"] / (2 * 2048**3 / unit)
     return out
@@ -201,10 +232,20 @@ def main() -> None:
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=PAIRS)
     ap.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS)
     ap.add_argument("--classes", nargs="+", help="symmetry classes for the aligning tasks (default: the method's)")
+    ap.add_argument("--steps", type=int, default=3, help="learned and dual: optimisation steps")
+    ap.add_argument("--log", help="learned and dual: append each step's progress and peak memory to this file")
+    ap.add_argument("--val-tokens", type=int, help="learned and dual: validation and dual-identity tokens "
+                    "(default: the engine's, 4,096 and 1,024; fewer keep a 1B run's checks to minutes)")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.val_tokens:
+        from engine.align import dual, learned
+
+        learned.VAL_ITEMS["lm"] = args.val_tokens
+        dual.IDENTITY_ITEMS["lm"] = min(dual.IDENTITY_ITEMS["lm"], args.val_tokens)
     if args.one:
-        print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]), args.classes)))
+        print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]), args.classes,
+                                             args.steps, Path(args.log) if args.log else None)))
         return
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -213,8 +254,9 @@ def main() -> None:
     for name in args.pairs:
         a, b = pair_dirs(root, name)
         for task in args.tasks:
-            cmd = [sys.executable, __file__, "--one", task, str(a), str(b)] + (["--classes", *args.classes]
-                                                                                 if args.classes else [])
+            cmd = [sys.executable, __file__, "--one", task, str(a), str(b), "--steps", str(args.steps)]
+            cmd += (["--classes", *args.classes] if args.classes else []) + (["--log", args.log] if args.log else [])
+            cmd += ["--val-tokens", str(args.val_tokens)] if args.val_tokens else []
             p = subprocess.run(cmd, capture_output=True, check=False, text=True, cwd=ROOT)
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"task": task, "error": p.stderr.strip().splitlines()[-1:]}

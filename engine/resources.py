@@ -32,19 +32,26 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                    + 2 x 8 N_act (4 h d + h T + 3 m)  one layer's q, k, v, mixed values, patterns and
                                                       hidden units (with their centred copies) in float64
                    + 2 x 2 T V b                      the twin check's logits (two sequences)
-      learned      weight's scratch (its start)
-                   + 4 x 8 Z                          latents Z: value, gradient, two Adam moments
-                   + 4 P b                            moved and interpolated parameters, their gradients
-                   + N_tr L (6 D + 3 m + h T) b       activations kept for the backward pass
-                   + N_tr V (2 b + 2 x 8)             logits and their gradient, the float64 loss copy
-      dual         learned with both sides' latents (2 x 4 x 8 Z) and 6 P b
+      learned      the larger of weight matching's scratch (its start, freed before the first step) and the
+                   optimisation's, in the compute dtype c = max(4, b) (bfloat16 weights stay as they are
+                   stored and are widened a block at a time: engine.align.learned.stages):
+                   + 4 c Z + 8 L m k + 26 D^2 c       latents Z (value, gradient, two Adam moments), the MLP
+                                                      candidate graphs, a residual rotation's Newton-Schulz graph
+                   + 8 P_layer c                      one block formed again in the backward pass: both sides'
+                                                      moved copies, the saved inputs of their chains, the mix
+                                                      and its gradient (no whole moved or interpolated model)
+                   + 5 V D c                          the readout's mix and gradient, the embedding's dense
+                                                      gradient and its moved copies
+                   + N_tr (L + 1) D c                 each block's input, kept for the backward pass
+                   + N_tr (6 D + 3 m + h T) c         one block's activations, formed again in the backward pass
+                   + 3 LOGIT_BYTES                    one micro-batch's logits, softmax and gradient
+      dual         learned with both sides' latents, candidates and rotation graphs
     evaluation     one forward of engine.evaluate: items per batch x item bytes (logits + widest
                    activations, at most EVAL_BUDGET_BYTES), and no larger than the evaluation set
 
-N_act, N_tr: the scored positions of one activation-matching / training batch (sequences of T, or
-images, whose logits count once per image). Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2
-latents (k = min(m, learned.CANDIDATES) MLP candidates per neuron) in float64 (every class; r the
-rotary dims). The evaluation set itself (token ids) is left out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
+N_act, N_tr: the positions of one activation-matching / training batch (sequences of T, or images).
+Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2 latents (k = min(m, learned.CANDIDATES) MLP
+candidates per neuron; every class; r the rotary dims). The evaluation set itself (token ids) is left out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
 the CPU, cudaMemGetInfo on CUDA.
 
 Each method's scratch is computed by its registry entry (`engine.align.METHODS[name].scratch`, a

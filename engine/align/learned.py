@@ -90,8 +90,8 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
+from engine.align.weight import SMALL_MODEL, weight_match
 from engine.align.weight import scratch_bytes as weight_scratch
-from engine.align.weight import weight_match
 from engine.cancel import check
 from engine.data import IGNORE_INDEX
 from engine.errors import LMCError
@@ -188,32 +188,6 @@ class Settings:
                 raise LMCError(f"Learned matching: {name} must be a positive integer or None, not {v!r}.")
         if not (isinstance(self.candidates, int) and self.candidates >= 1):
             raise LMCError(f"Learned matching: candidates must be a positive integer, not {self.candidates!r}.")
-
-
-OPTIONS = ("time_budget_s", "lambdas", "patience", "lr_perm", "start")  # RunConfig.extra keys a run may set
-
-
-def run_options(extra: tuple[tuple[str, str], ...]) -> dict:
-    """`align` keyword arguments from a RunConfig's `extra` pairs (strings, so that a config without
-    them hashes as before): {"time_budget_s": float, "learned": Settings} for the keys it holds."""
-    given = dict(extra)
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
-        raise LMCError(f"Run option {unknown[0]!r} is not known; the options are {', '.join(OPTIONS)}.")
-    out: dict = {}
-    try:
-        if "time_budget_s" in given:
-            out["time_budget_s"] = float(given["time_budget_s"])
-            if not (math.isfinite(out["time_budget_s"]) and out["time_budget_s"] > 0):
-                raise ValueError
-        kw = {k: conv(given[k]) for k, conv in (("lambdas", str), ("patience", int), ("lr_perm", float),
-                                                         ("start", str)) if k in given}
-    except ValueError:
-        raise LMCError(f"Run options {given} are not valid: time_budget_s is a positive number of seconds, "
-                       "patience a positive integer, lr_perm a step size.") from None
-    if kw:
-        out["learned"] = Settings(**kw)
-    return out
 
 
 def step_budget(steps: int, time_budget_s: float | None, default: int) -> int:
@@ -844,14 +818,19 @@ def path_logits(tw: Model, keys: list[str], ends: Ends, lambdas: tuple[float, ..
 
 def moved_ends(spec: Spec, p0: Params, p1: Params, g0: GroupElement | None, g1: GroupElement | None,
                dtype: torch.dtype) -> Ends:
-    """Ends (g0 theta_0, g1 theta_1) a stage at a time, in `dtype` (None: the side as it is); each moved
-    parameter computed as symmetry.apply computes it, in float64 at least, then rounded to `dtype`."""
+    """Ends (g0 theta_0, g1 theta_1) a stage at a time, in `dtype` (None: the side as it is). Each moved
+    parameter is computed as engine.align.run moves B: in float64 for a small model (exact, as
+    symmetry.apply), in `dtype` at scale (weight.SMALL_MODEL), where a permutation is exact and a rotation
+    costs a rounding of its products (a float64 product with the residual rotation, 2 P D operations a
+    side, would double the time of a validation check at 1B)."""
     maps = [element_maps(g) if g is not None else None for g in (g0, g1)]
+    small = sum(v.numel() for v in p0.values()) <= SMALL_MODEL
 
     def side(mats: dict | None, p: Params, keys: list[str]) -> Params:
         if mats is None:
             return {k: p[k].to(dtype) for k in keys}
-        return {k: act(spec.params[k], mats, p[k].to(torch.promote_types(p[k].dtype, F64))).to(dtype) for k in keys}
+        wide = {k: p[k].to(torch.promote_types(p[k].dtype, F64) if small else dtype) for k in keys}
+        return {k: act(spec.params[k], mats, v).to(dtype) for k, v in wide.items()}
 
     return lambda keys: (side(maps[0], p0, keys), side(maps[1], p1, keys))
 
