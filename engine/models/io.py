@@ -489,13 +489,16 @@ def _lock(fd: int, wait: bool = True) -> bool:
 
 def _locked_temp(make: Callable[[], str]) -> tuple[str, int | None]:
     """A new temporary file or directory (`make` creates it and returns its path) and an open descriptor
-    holding its lock (None without flock). A cleaner could take the lock between creation and locking
-    and remove the path: then a new one is made."""
+    holding its lock (None without flock). A cleaner (another writer into the same directory) could
+    take the lock between creation and locking and remove the path: then a new one is made."""
     while True:
         tmp = make()
         if fcntl is None:
             return tmp, None
-        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            fd = os.open(tmp, os.O_RDONLY)
+        except FileNotFoundError:  # removed before it was even opened
+            continue
         _lock(fd)
         try:
             if os.stat(tmp).st_ino == os.fstat(fd).st_ino:

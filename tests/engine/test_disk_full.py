@@ -365,6 +365,33 @@ def test_a_write_in_progress_keeps_its_temporary_file(tmp_path):
 
 
 @NEEDS_FLOCK
+@pytest.mark.parametrize("kind", ["file", "model directory"])
+def test_a_cleaner_removing_a_new_temporary_before_it_is_locked_costs_a_retry(kind, tmp_path, monkeypatch):
+    """Another writer into the directory cleans it between the creation of this write's temporary file
+    and its lock (the worst moment): the write makes a new one and succeeds."""
+    cleaned = []
+
+    def racing(real):
+        def make(*a, **k):
+            made = real(*a, **k)
+            if not cleaned:
+                cleaned.extend(io.remove_stale(tmp_path))
+            return made
+        return make
+
+    monkeypatch.setattr(io.tempfile, "mkstemp", racing(io.tempfile.mkstemp))
+    monkeypatch.setattr(io.tempfile, "mkdtemp", racing(io.tempfile.mkdtemp))
+    if kind == "file":
+        write_record(record(0.1), tmp_path / "r.json")
+        assert load_record(tmp_path / "r.json")["barrier"] == pytest.approx(0.1)
+    else:
+        save_model(reference.build(tiny(), seed=0), tmp_path / "merged")
+        load_model(tmp_path / "merged")
+    assert len(cleaned) == 1 and io.STALE.fullmatch(cleaned[0])
+    assert _temps(tmp_path) == []
+
+
+@NEEDS_FLOCK
 def test_a_killed_save_to_the_history_is_cleaned_by_the_next_save(tmp_path):
     """Every kept run has a new file name, so the history's leftovers go with the next save into it."""
     _killed_write(tmp_path / "run-20260101T000000Z-aaaaaa.json")
@@ -405,23 +432,23 @@ def test_two_savers_drawing_one_id_never_overwrite_each_other(links, tmp_path, m
     def checked_together(entry, name):
         if threading.get_ident() not in waited:
             waited.add(threading.get_ident())
-            barrier.wait(timeout=30)
+            barrier.wait(timeout=120)
         return real(entry, name)
 
     monkeypatch.setattr(history, "run_problem", checked_together)
-    kept, errors = {}, []
+    kept, errors, records = {}, [], {b: record(b) for b in (0.1, 0.2)}
 
-    def save(barrier_value: float) -> None:
+    def save(b: float) -> None:
         try:
-            kept[barrier_value] = history.save_run(record(barrier_value), root=tmp_path)["run"]["id"]
+            kept[b] = history.save_run(records[b], root=tmp_path)["run"]["id"]
         except Exception as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+            errors.append(f"{type(e).__name__}: {e}")
 
-    threads = [threading.Thread(target=save, args=(b,)) for b in (0.1, 0.2)]
+    threads = [threading.Thread(target=save, args=(b,)) for b in records]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=60)
+        t.join(timeout=180)
     assert errors == []
     assert sorted(kept.values()) == [X, Y]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"run-{X}.json", f"run-{Y}.json"]
