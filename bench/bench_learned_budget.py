@@ -35,9 +35,11 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
              emit, eval_every: int | None, variants: list[dict], time_budgets: list[float] | None = None) -> None:
     import torch
 
-    from engine.align.common import AlignContext, model_for, prepare_pair, resolve_classes
+    from engine.align.context import AlignContext
     from engine.align.learned import Settings, optimise, relative
+    from engine.align.pair import model_for, prepare_pair
     from engine.align.weight import weight_match
+    from engine.classes import resolve_classes
     from engine.evaluate import eval_set_for
     from engine.interpolate import interpolate
     from engine.models import canonical, load_model

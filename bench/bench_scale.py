@@ -55,7 +55,8 @@ def build_pairs(root: Path, names: list[str]) -> None:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    from engine.align.common import default_classes, prepare_pair
+    from engine.align.pair import prepare_pair
+    from engine.classes import default_classes
     from engine.models import canonical, load_model, save_model, set_canonical
     from engine.spec import build_spec
     from engine.symmetry import apply, sample

@@ -115,7 +115,7 @@ class _Mixer:
 def midpoint_moved(al, work: Model, h) -> None:
     """work <- (theta_A + h.theta_B') / 2 in the pair's coordinates, one parameter at a time (each acted
     on in float64 at least, like engine.align.run.move_in_place): no copy of B is made."""
-    from engine.align.common import write_params
+    from engine.align.pair import write_params
     from engine.models import canonical
     from engine.symmetry import act, element_maps
 

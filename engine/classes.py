@@ -4,7 +4,7 @@ Classes a user may restrict an aligner to are the spec's KINDS; the default (`ch
 one place it is decided) is every kind the architecture has that is an exact symmetry, with the
 residual stream as a rotation: RMSNorm gains are folded, LayerNorm is rewritten as RMSNorm (the pair
 then runs as reference-family twins, and a merged model is saved in that family;
-engine.align.common.prepare_pair).
+engine.align.pair.prepare_pair).
 
 Below the aligners and above nothing but the spec: the memory estimate (engine.resources) and the
 time estimate (engine.progress) know a run's classes before any model is loaded, without importing

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from engine.align.common import Pair, model_for, prepare_pair
+from engine.align.pair import Pair, model_for, prepare_pair
 from engine.align.solvers import residual_perm_of
 from engine.align.weight import weight_match
 from engine.cancel import CancelToken, check
@@ -66,7 +66,7 @@ Stage = Callable[[str, int, int, str], None]  # (stage, done, total, message)
 
 @dataclass
 class Prepared:
-    """N models of one architecture in the coordinates the chosen classes act on (engine.align.common)."""
+    """N models of one architecture in the coordinates the chosen classes act on (engine.align.pair)."""
 
     arch: Arch
     spec: Spec

@@ -354,7 +354,7 @@ def naive_in_aligned_coordinates(a: Model, b: Model, es, points: int, native: di
     """The naive path (the identity element) in the coordinates the default aligned runs interpolate in.
 
     Aligned runs fold RMSNorm gains into the readers or rewrite LayerNorm as RMSNorm before they
-    interpolate (engine.align.common.prepare_pair), so their path is not the native straight line even
+    interpolate (engine.align.pair.prepare_pair), so their path is not the native straight line even
     for the identity element: the gains interpolate inside the readers. This walks the identity in
     those coordinates, so a naive barrier and an aligned one compare like for like. Where the default
     aligned runs rewrite nothing (sinusoidal PE) the coordinates agree and the native curve is reused.
@@ -362,7 +362,7 @@ def naive_in_aligned_coordinates(a: Model, b: Model, es, points: int, native: di
     folded_rewrite, loss_folded, barrier_folded, midpoint_barrier_folded (+ accuracy_folded,
     accuracy_drop_folded for ViTs).
     """
-    from engine.align.common import prepare_pair
+    from engine.align.pair import prepare_pair
     from engine.classes import choose_classes
 
     pair = prepare_pair(a, b, choose_classes(a.arch, "weight").classes, in_place=True)

@@ -15,7 +15,7 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                                  B is moved in place (engine.align.run.move_in_place)
     untied heads   2 V D b       residual_orth (the default) on tied embeddings: the norms are folded (or a
                                  LayerNorm model rewritten) into the models' own tensors, and only the
-                                 unembedding diag(g) E^T is new (engine.align.common.prepare_pair); naive
+                                 unembedding diag(g) E^T is new (engine.align.pair.prepare_pair); naive
                                  runs too, for their second curve in the aligned runs' coordinates
     method scratch
       naive        0

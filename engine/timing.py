@@ -245,7 +245,7 @@ def align_flops(method: str, arch: dict, steps: int) -> float:
     validation checks (five points on the path each); dual matching's start and twice the steps (the
     dual run and the one-sided comparison at the same budget)."""
     from engine.align.activation import ACT_BATCH
-    from engine.align.common import AlignContext
+    from engine.align.context import AlignContext
     from engine.align.learned import EVALS, VAL_ITEMS, VAL_LAMBDAS
 
     if method == "naive":

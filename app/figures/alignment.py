@@ -1,7 +1,7 @@
 """Alignment figures (Alignment page): permutations, within-head maps, residual maps, matching costs and
 optimisation histories of one record. Pure: record fields in, figures out.
 
-Inputs are the JSON fields of a record's `alignment` (engine/align/common.py: describe_element). Every
+Inputs are the JSON fields of a record's `alignment` (engine/align/diagnostics.py: describe_element). Every
 matrix has model A's index on the rows and model B's on the columns: the engine's permutations read
 "A's slot i takes B's slot perm[i]" (engine/symmetry.py, LayerElement), so row i has its one in column perm[i].
 """
@@ -280,7 +280,7 @@ def ablation_figure(runs: Sequence[dict], unit: str = "nats/token") -> go.Figure
 
 
 def matching_cost_figure(cost: dict, method: str = "weight", method_name: str = "") -> go.Figure:
-    """Grouped bars per layer: the normalised distance before and after alignment (engine/align/common.py)."""
+    """Grouped bars per layer: the normalised distance before and after alignment (engine/align/diagnostics.py)."""
     before, after = cost.get("before", {}), cost.get("after", {})
     parts = [p for p in before if p != "outer"] + (["outer"] if "outer" in before else [])
     x = [layer_label(p) for p in parts]

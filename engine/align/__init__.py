@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from engine.align import activation, dual, learned, naive, weight
 from engine.align.activation import align_activations
-from engine.align.common import AlignContext, AlignOutput
+from engine.align.context import AlignContext, AlignOutput
 from engine.align.dual import align_dual
 from engine.align.learned import DEFAULT_STEPS, TASK_STEPS, align_learned
 from engine.align.naive import align_naive

@@ -29,22 +29,15 @@ import math
 import torch
 from torch import Tensor
 
-from engine.align.common import (
-    F64,
-    RESIDUAL,
-    AlignContext,
-    AlignOutput,
-    F64View,
-    Pair,
-    check_twin,
-    tick,
-    train_batches,
-    twin,
-)
+from engine.align.batches import train_batches
+from engine.align.context import F64, AlignContext, AlignOutput, F64View, tick
+from engine.align.forward import check_twin, twin
+from engine.align.pair import Pair
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
 from engine.align.weight import circuit_inner, fit_qk
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import CancelToken, check
+from engine.classes import RESIDUAL
 from engine.evaluate import seq_len
 from engine.models.base import Arch, Params
 from engine.models.reference import head_norm, mlp_activation, rotate

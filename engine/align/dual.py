@@ -25,7 +25,9 @@ import copy
 import torch
 from torch import Tensor
 
-from engine.align.common import F64, AlignContext, AlignOutput, Pair, tick, twin, val_batch
+from engine.align.batches import val_batch
+from engine.align.context import F64, AlignContext, AlignOutput, tick
+from engine.align.forward import twin
 from engine.align.learned import (
     RECORD,
     TASK_STEPS,
@@ -39,6 +41,7 @@ from engine.align.learned import (
     starting_element,
 )
 from engine.align.learned import scratch_bytes as learned_scratch
+from engine.align.pair import Pair
 from engine.models.base import Arch
 from engine.progress import relabel
 from engine.results import MAX_STEPS

@@ -70,17 +70,9 @@ from torch.utils.checkpoint import checkpoint
 
 from engine import distributed
 from engine.align.activation import ACT_BATCH, activation_match
-from engine.align.common import (
-    F64,
-    AlignContext,
-    AlignOutput,
-    check_twin,
-    task_loss,
-    tick,
-    train_batches,
-    twin,
-    val_batch,
-)
+from engine.align.batches import train_batches, val_batch
+from engine.align.context import F64, AlignContext, AlignOutput, tick
+from engine.align.forward import check_twin, task_loss, twin
 from engine.align.solvers import (
     assignment,
     gqa_assignment,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.align.common import AlignContext, AlignOutput, identity_like
+from engine.align.context import AlignContext, AlignOutput, identity_like
 from engine.models.base import Arch
 
 

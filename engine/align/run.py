@@ -15,20 +15,10 @@ import torch
 from torch import Tensor
 
 from engine.align import METHODS, method_entry
-from engine.align.common import (
-    F64,
-    AlignContext,
-    AlignOutput,
-    Pair,
-    describe_element,
-    matching_costs,
-    model_for,
-    prepare_pair,
-    rounded,
-    tick,
-    write_params,
-)
+from engine.align.context import F64, AlignContext, AlignOutput, tick
+from engine.align.diagnostics import describe_element, matching_costs, rounded
 from engine.align.learned import Settings, step_budget
+from engine.align.pair import Pair, model_for, prepare_pair, write_params
 from engine.align.solvers import single_thread
 from engine.align.weight import SMALL_MODEL, WeightSettings, head_cost, neurons
 from engine.cancel import CancelToken

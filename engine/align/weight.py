@@ -33,7 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from engine.align.common import F64, RESIDUAL, AlignContext, AlignOutput, Pair, slices, tick
+from engine.align.context import F64, AlignContext, AlignOutput, tick
+from engine.align.diagnostics import slices
+from engine.align.pair import Pair
 from engine.align.solvers import (
     assignment,
     fit_gl,
@@ -47,6 +49,7 @@ from engine.align.solvers import (
     single_thread,
 )
 from engine.cancel import CancelToken, check
+from engine.classes import RESIDUAL
 from engine.errors import LMCError
 from engine.interpolate import Progress
 from engine.memory import reuse_freed_memory

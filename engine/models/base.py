@@ -137,7 +137,7 @@ class Family:
     from_canonical: Callable[[Model, Params], None]  # in place: copies into the module's tensors
     logits: Callable[[Model, torch.Tensor], torch.Tensor]  # inputs -> [..., n_out]
     # a module over the canonical params (parameter names = canonical keys) computing the same function, for a
-    # family the reference family cannot express (engine.align.common.twin); None: the reference-family twin
+    # family the reference family cannot express (engine.align.forward.twin); None: the reference-family twin
     twin: Callable[[Model], Model] | None = None
     model_type: str | None = None  # config.json's model_type of an HF family
     # the Arch of a config.json dict without weights (engine.models.arch_from_config); None: not read this way

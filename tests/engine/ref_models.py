@@ -4,7 +4,8 @@ models on every run; nothing is downloaded."""
 
 import torch
 
-from engine.align.common import default_classes, model_for, prepare_pair
+from engine.align.pair import model_for, prepare_pair
+from engine.classes import default_classes
 from engine.models import Model, canonical, set_canonical
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec

@@ -3,7 +3,7 @@
 import torch
 
 from engine.align.activation import boundary_rows
-from engine.align.common import F64View
+from engine.align.context import F64View
 from engine.align.run import align
 from engine.align.weight import within_head
 from engine.models.reference import RefConfig, build

@@ -17,9 +17,10 @@ import torch
 from ref_models import CASES, byte_tiny, make_case, planted, randomise_norms
 
 from engine.align import METHODS
-from engine.align.common import default_classes, functional_logits, prepare_pair, resolve_classes, task_loss
 from engine.align.dual import dual_identity
+from engine.align.forward import functional_logits, task_loss
 from engine.align.learned import Transform, act_ste, dense_latent
+from engine.align.pair import prepare_pair
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import (
     assignment,
@@ -32,6 +33,7 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
+from engine.classes import default_classes, resolve_classes
 from engine.cli import main
 from engine.errors import ExactnessError, LMCError
 from engine.evaluate import eval_set_for, evaluate, lm_eval_set

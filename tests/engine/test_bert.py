@@ -382,7 +382,7 @@ def test_weight_matching_recovers_a_planted_element_of_the_pretraining_layout():
 
 @pytest.mark.parametrize("layout", [hf_bert.CLASS, hf_bert.PRETRAINING])
 def test_weight_matching_objective_is_the_distance_of_the_returned_element_two_sided_head_included(layout):
-    from engine.align.common import prepare_pair
+    from engine.align.pair import prepare_pair
     from engine.align.weight import two_sided, weight_match
 
     a, b = random_bert(0, layout), random_bert(1, layout)

@@ -10,20 +10,23 @@ import torch
 from ref_models import random_model, tiny
 
 from engine.align.activation import activation_match
-from engine.align.common import AlignContext, default_classes, prepare_pair, train_batches
+from engine.align.batches import train_batches
+from engine.align.context import AlignContext
 from engine.align.dual import align_dual
 from engine.align.learned import align_learned
+from engine.align.pair import prepare_pair
 from engine.align.weight import weight_match
 from engine.api import run_pair
 from engine.cancel import CancelToken
+from engine.classes import default_classes
 from engine.errors import Cancelled, LMCError
 from engine.evaluate import evaluate, lm_eval_set
 from engine.interpolate import interpolate
 from engine.models import canonical, save_model
 from engine.progress import PHASES, Phases, Update, fmt_seconds, relabel, remaining_seconds
-from engine.timing import estimate_seconds
 from engine.results import RunConfig
 from engine.spec import build_spec
+from engine.timing import estimate_seconds
 
 FAST = frozenset({"heads", "mlp"})  # no residual map: weight matching takes one sweep
 

@@ -3,13 +3,13 @@
 import hashlib
 import json
 import math
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 import torch
 from ref_models import byte_tiny, inputs, rel_err, tiny
 
-from engine.align.common import model_for
+from engine.align.pair import model_for
 from engine.circuits import CircuitPath, half_columns
 from engine.cli import main
 from engine.errors import LMCError
@@ -159,7 +159,7 @@ def test_cli_align_on_the_circuit_path_records_it_and_keeps_old_hashes(tmp_path,
     weights = RunConfig("a", "b", "weight")
     assert weights.hash() != replace(weights, path="circuits").hash()
     assert weights.hash() == hashlib.sha256(json.dumps(  # the hash of a config from before paths had a choice
-        {k: v for k, v in asdict(weights).items() if k not in ("device", "path")}, sort_keys=True).encode()).hexdigest()[:16]
+        {k: v for k, v in weights.to_dict().items() if k not in ("device", "path")}, sort_keys=True).encode()).hexdigest()[:16]
     assert main([*args, "--path", "circuits", "--save-merged", str(tmp_path / "merged")]) == 2
     assert "cannot write a model of the circuit path under RoPE" in capsys.readouterr().err
     with pytest.raises(LMCError, match="path must be one of weights, circuits, not 'circuit'"):

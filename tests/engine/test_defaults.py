@@ -13,9 +13,9 @@ import pytest
 import torch
 from ref_models import byte_tiny, randomise_norms
 
-from engine.align.common import choose_classes, default_classes
 from engine.align.run import align
 from engine.api import run_pair
+from engine.classes import choose_classes, default_classes
 from engine.cli import main
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for

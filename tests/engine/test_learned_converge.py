@@ -17,7 +17,8 @@ from ref_models import rope_pair
 from scipy.optimize import linear_sum_assignment
 
 from engine.align import learned
-from engine.align.common import AlignContext, functional_logits, task_loss
+from engine.align.context import AlignContext
+from engine.align.forward import functional_logits, task_loss
 from engine.align.learned import (
     LAMBDAS,
     Settings,
@@ -316,7 +317,7 @@ def test_cli_flags_reach_the_record(tmp_path, capsys):
 @pytest.mark.parametrize("start", ["weight", "activation"])
 def test_the_start_is_that_aligner_s_element(start):
     from engine.align.activation import ACT_BATCH, activation_match
-    from engine.align.common import train_batches
+    from engine.align.batches import train_batches
     from engine.align.learned import starting_element
     from engine.align.weight import weight_match
 

@@ -15,7 +15,7 @@ import torch
 from ref_models import rope_pair
 
 from engine.align import dual, learned
-from engine.align.common import AlignContext
+from engine.align.context import AlignContext
 from engine.align.dual import dual_identity
 from engine.align.learned import align_learned, still_optimal
 from engine.align.run import align, endpoint_check

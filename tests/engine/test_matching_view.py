@@ -5,8 +5,9 @@ from itertools import permutations
 
 import torch
 
-from engine.align.common import default_classes, model_for, prepare_pair
+from engine.align.pair import model_for, prepare_pair
 from engine.align.run import QUANTILES, align, alignment_record
+from engine.classes import default_classes
 from engine.models import canonical
 from engine.models.reference import RefConfig, build
 from engine.spec import build_spec

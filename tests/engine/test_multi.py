@@ -10,7 +10,7 @@ import torch
 from ref_models import random_model, tiny
 
 from engine import multi
-from engine.align.common import model_for, prepare_pair
+from engine.align.pair import model_for, prepare_pair
 from engine.cancel import CancelToken
 from engine.checks import EXACT_TOL, example_inputs
 from engine.classes import choose_classes

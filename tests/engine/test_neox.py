@@ -17,9 +17,11 @@ import torch
 from ref_models import random_model, rel_err, tiny
 from safetensors.torch import load_file, save_file
 
-from engine.align.common import default_classes, model_for, prepare_pair, twin
+from engine.align.forward import twin
+from engine.align.pair import model_for, prepare_pair
 from engine.align.run import align, endpoint_check
 from engine.checks import break_tests, invariance_checks
+from engine.classes import default_classes
 from engine.cli import main
 from engine.errors import ModelError, SpecError
 from engine.evaluate import eval_set_for

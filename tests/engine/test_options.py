@@ -68,16 +68,16 @@ def test_options_turn_into_the_settings_their_aligner_reads():
 
 
 @pytest.mark.parametrize("method, given, message", [
-    ("weight", {"patience": 2}, "Option patience (--patience) sets learned and dual matching; method weight does not "
-                                "use it."),
+    ("weight", {"patience": 2}, ("Option patience (--patience) sets learned and dual matching; method weight does not "
+                                 "use it.")),
     ("naive", {"head_cost": "squared"}, "Option head_cost (--head-cost) sets weight matching; method naive does not"),
     ("activation", {"speed": 1}, "Option speed is not an option of any method; activation takes none."),
     ("learned", {"patience": 0}, "Option patience (--patience) must be a whole number from 1 to 100,000, not 0."),
     ("learned", {"patience": True}, "Option patience (--patience) must be a whole number"),
-    ("dual", {"time_budget_s": float("inf")}, "Option time_budget_s (--time-budget) must be a positive number of "
-                                              "seconds, not inf."),
-    ("learned", {"lambdas": "wide"}, "Option lambdas (--lambda-sampling) must be one of narrow, uniform, fixed, "
-                                     "adaptive, not 'wide'."),
+    ("dual", {"time_budget_s": float("inf")}, ("Option time_budget_s (--time-budget) must be a positive number of "
+                                               "seconds, not inf.")),
+    ("learned", {"lambdas": "wide"}, ("Option lambdas (--lambda-sampling) must be one of narrow, uniform, fixed, "
+                                      "adaptive, not 'wide'.")),
     ("weight", {"stop_tol": 1.0}, "Option stop_tol (--stop-tol) must be a number between 0 and 1, not 1.0."),
     ("weight", {"block_scale": "yes"}, "Option block_scale (--block-scale) must be True or False, not 'yes'."),
     ("best", {}, "Method 'best' is not available; choose one of: naive, weight"),

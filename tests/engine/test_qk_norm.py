@@ -17,9 +17,10 @@ import pytest
 import torch
 from ref_models import inputs, random_model, rel, tiny
 
-from engine.align.common import default_classes, model_for, prepare_pair
+from engine.align.pair import model_for, prepare_pair
 from engine.align.run import align
 from engine.align.solvers import fit_qk_norm
+from engine.classes import default_classes
 from engine.errors import LMCError, ModelError, SpecError
 from engine.evaluate import eval_set_for
 from engine.groups import group_dimension

@@ -16,7 +16,7 @@ import pytest
 import torch
 from ref_models import make_case, planted, tiny
 
-from engine.align.common import storages
+from engine.align.pair import storages
 from engine.align.run import align, endpoint_check
 from engine.align.weight import INIT_STEPS, WeightSettings, weight_match
 from engine.errors import LMCError
@@ -107,7 +107,8 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
     with torch.no_grad():
         for p in b.module.parameters():
             p.add_(torch.randn_like(p) * 0.5)
-    from engine.align.common import default_classes, prepare_pair
+    from engine.align.pair import prepare_pair
+    from engine.classes import default_classes
     from engine.spec import build_spec
 
     kinds = default_classes(build_spec(a.arch, canonical(a)))
@@ -125,7 +126,7 @@ def test_unrelated_models_stop_on_the_objective_not_the_cap():
 DETERMINISM_SCRIPT = textwrap.dedent("""
     import hashlib, sys, torch
     from ref_models import make_case
-    from engine.align.common import prepare_pair
+    from engine.align.pair import prepare_pair
     from engine.align.weight import initial_residual
     a, b = make_case("lm-learned"), make_case("lm-learned")
     with torch.no_grad():

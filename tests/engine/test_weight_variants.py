@@ -7,7 +7,7 @@ import pytest
 import torch
 from ref_models import make_case, planted
 
-from engine.align.common import default_classes, prepare_pair
+from engine.align.pair import prepare_pair
 from engine.align.run import align
 from engine.align.weight import (
     ResidualFit,
@@ -18,6 +18,7 @@ from engine.align.weight import (
     residual_axes,
     weight_match,
 )
+from engine.classes import default_classes
 from engine.errors import LMCError
 from engine.models import canonical
 from engine.spec import build_spec
