@@ -50,7 +50,7 @@ def test_a_finished_live_run_survives_a_server_restart(browser, tiny_env, tmp_pa
             page.wait_for_selector('h1:has-text("Runs")')
             wait_idle(page)
             page.wait_for_selector('[data-testid="stCaptionContainer"]:has-text("1 of 1 run(s).")')
-            page.wait_for_selector(f'[data-testid="stCaptionContainer"]:has-text("Run {run["run"]["id"]}, done.")')
+            page.wait_for_selector(f'[data-testid="stCaptionContainer"]:has-text("Run {run["run"]["id"]}, done, took")')
             barrier = page.locator('[data-testid="stMetric"]:has-text("Midpoint barrier")').inner_text()
             assert f"{run['midpoint_barrier']:.4f}" in barrier
             page.wait_for_selector('[data-testid="stPlotlyChart"] .js-plotly-plot .scatterlayer .trace path')
