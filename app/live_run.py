@@ -264,9 +264,14 @@ def phases_of(method: str) -> tuple[str, ...]:
     return tuple(p for p in PHASES if not (p == "measure B" and method == "naive"))
 
 
-def about(s: float) -> str:
-    """A time to come, as fmt_seconds says it, but never '0 s': a part of a second is 'under 1 s'."""
+def span(s: float) -> str:
+    """A time, as fmt_seconds says it, but never '0 s': a part of a second is 'under 1 s'."""
     return "under 1 s" if s < 0.5 else api.fmt_seconds(s)
+
+
+def about(s: float) -> str:
+    """A time to come: 'about 40 s', or 'under 1 s' (never 'about under 1 s')."""
+    return "under 1 s" if s < 0.5 else f"about {api.fmt_seconds(s)}"
 
 
 def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
@@ -278,13 +283,13 @@ def phase_rows(snap: Snapshot) -> list[tuple[str, float, str]]:
     for p in phases_of(snap.cfg.method):
         label, u, est = PHASE_LABELS[p], snap.phases.get(p), snap.estimates.get(p)
         if u is None:
-            rows.append((p, 0.0, f"{label}: about {about(est * k)}" if est is not None else f"{label}: to come"))
+            rows.append((p, 0.0, f"{label}: {about(est * k)}" if est is not None else f"{label}: to come"))
         elif p != now or snap.state == "done":
             rows.append((p, 1.0, f"{label}: done in {api.fmt_seconds(u.elapsed_s)}"))
         elif snap.finished:
             rows.append((p, u.fraction, f"{label}: {snap.state} at {u.message or 'its start'}"))
         else:
-            left = f" · about {about(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
+            left = f" · {about(u.eta_s)} left" + (" in this sweep" if "sweep" in u.message else "") \
                 if u.eta_s is not None else ""
             rows.append((p, u.fraction, f"{label}: {u.message or 'starting'}{left}"))
     return rows
@@ -295,7 +300,7 @@ def headline(snap: Snapshot) -> str:
     took = api.fmt_seconds(snap.elapsed_s)
     if snap.state == "running":
         rest = api.remaining_seconds(snap.current, snap.estimates, snap.phases)
-        return f"Running for {took}" + (f", about {about(rest)} left" if rest is not None else "")
+        return f"Running for {took}" + (f", {about(rest)} left" if rest is not None else "")
     return {"stopping": "Stopping…", "done": f"Done in {took}", "stopped": f"Stopped after {took}",
             "failed": "Run failed"}[snap.state]
 
@@ -322,7 +327,7 @@ def before_run(estimates: dict[str, float | None], method: str, sources: dict[st
     if any(v is None for v in parts.values()):
         return None
     total = sum(parts.values())
-    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {about(v)}"
+    detail = ", ".join(f"{PHASE_LABELS[p][0].lower()}{PHASE_LABELS[p][1:]} {span(v)}"
                        for p, v in parts.items() if v > 0)  # naive aligns nothing: no "0 s" for it
     kinds = {p: (sources or {}).get(p, "records") for p in parts if parts[p] > 0}
     if len(set(kinds.values())) <= 1:
@@ -330,7 +335,7 @@ def before_run(estimates: dict[str, float | None], method: str, sources: dict[st
     else:  # say which phase came from where
         basis = "; ".join(f"{', '.join(PHASE_LABELS[p][0].lower() + PHASE_LABELS[p][1:] for p in kinds if kinds[p] == k)} "
                           f"{SOURCES[k]}" for k in SOURCES if k in kinds.values())
-    return f"About {about(total)} ({detail}), {basis}."
+    return f"{about(total).capitalize()} ({detail}), {basis}."
 
 
 # ---------------------------------------------------------------------------------------------

@@ -271,13 +271,14 @@ def test_several_commits_are_each_named_with_their_records(recs):
 
 
 def test_file_names_name_the_pair_method_and_run(recs):
-    cached = recs["naive"]
+    cached = {**recs["naive"], "created": "2026-12-01T09:00:00Z"}  # fixed dates: the newest run names the file
+    weight = {**recs["weight"], "created": "2026-12-01T09:00:01Z"}
     live = {**cached, "created": "2026-12-03T10:00:05Z"}
     kept = {**live, "run": {"id": "20261203T100006Z-0a1b2c", "status": "done"}}
     assert exports.file_stem(live) == "lm-none-s0__lm-none-s1__naive__20261203T100005Z"
     assert exports.file_stem(kept) == "lm-none-s0__lm-none-s1__naive__20261203T100006Z-0a1b2c"
     assert len({exports.file_stem(r) for r in (cached, live, kept)}) == 3  # never one name for two runs
-    assert exports.figures_file_name("Connectivity", [(cached, "Naive"), (recs["weight"], "W"), (live, "N, live")]) \
+    assert exports.figures_file_name("Connectivity", [(cached, "Naive"), (weight, "W"), (live, "N, live")]) \
         == "connectivity__lm-none-s0__lm-none-s1__naive-weight__20261203T100005Z__figures.html"  # the newest run
     assert exports.figures_file_name("Symmetry", subject="GPT-2 small") == "symmetry__GPT-2_small__figures.html"
 

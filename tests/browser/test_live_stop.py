@@ -38,7 +38,7 @@ def test_stop_ends_a_live_dual_run(page, streamlit_server):
     stop = page.get_by_role("button", name="Stop")
     stop.wait_for()
     # the run is computing: the server burns CPU
-    page.wait_for_selector('[data-testid="stProgress"] :text-matches("Aligning B onto A: start")')
+    page.wait_for_selector('[data-testid="stProgress"] :text-matches("Aligning B onto A: (weight matching|dual)")')
     busy0 = cpu_seconds(proc.pid)
     time.sleep(1.0)
     busy = cpu_seconds(proc.pid) - busy0
