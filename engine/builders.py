@@ -48,9 +48,9 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     """Precompute a record for every same-architecture zoo pair x method into the store; resumable.
 
     Everything is validated before any work: the methods, the pairs (zoo pairs only) and the store
-    directory. A stored record whose config hash matches the run's and that has a train curve and a
-    barrier attribution is kept as it is (a killed build resumes where it stopped; `force` recomputes
-    everything); a broken one, or one from before records had both, is recomputed. The manifest
+    directory. A stored record whose config hash matches the run's is kept as it is (a killed build resumes
+    where it stopped; `force` recomputes everything); a broken one, or one of an older record schema,
+    is recomputed. The manifest
     is rebuilt from the records present. Returns the records of every pair x method, kept or new.
     """
     from tqdm import tqdm
@@ -75,7 +75,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
             cfg = RunConfig(a, b, m, eval_items=eval_items)
             old = cached_record(a, b, m, root)
             current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
-            if current and not force and "train_loss" in old and "attribution" in old:  # older records are redone
+            if current and not force:
                 out.append(old)
             else:
                 todo.append(cfg)

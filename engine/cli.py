@@ -94,7 +94,7 @@ def _print_path_table(rec: dict) -> None:
     folded = rec.get("loss_folded") if rec.get("folded_rewrite") else None  # naive: the aligned runs' coordinates
     print(f"{rec['method']}, {rec.get('path', 'weights')} path: {rec['model_a']} -> {rec['model_b']}  ({rec.get('eval_set', '')}, "
           f"{rec.get('provenance', {}).get('device', '?')})")
-    train = rec.get("train_loss")  # records from before the train curve have none
+    train = rec.get("train_loss")  # a run without a train curve (run_pair(train_curve=False)) has none
     print(f"{'lambda':>7} {'loss':>9}" + (f" {'acc':>7}" if acc else "") + (f" {'train':>9}" if train else "")
           + (f" {'aligned coords':>15}" if folded else ""))
     for i, (t, l) in enumerate(zip(rec["lambdas"], rec["loss"])):
@@ -543,7 +543,7 @@ def cmd_cache(args) -> None:
 
 def cache_table() -> str:
     """The cached barriers as a markdown table: one row per zoo pair, barrier / midpoint per method, and
-    the naive barrier also in the aligned runs' coordinates (a "-" for records from before it existed).
+    the naive barrier also in the aligned runs' coordinates (a "-" where a record lacks it).
 
     A broken record is a "-" cell (and a warning naming its file), never the end of the table.
     """

@@ -36,7 +36,7 @@ from engine.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "cached_results"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: learned/dual records validate on the path (history val_barrier, settings.lambdas)
 MAX_POINTS = 1001  # grid points on a path: 2 (the endpoints) to 1001 (steps of 0.001)
 MAX_STEPS = 100_000  # learned / dual optimisation steps
 SPLITS = ("val", "test")
@@ -382,7 +382,7 @@ _CONFIG = _obj({
     "dtype": _text(64), "data_sha256": _text(64), "path": {"enum": list(PATHS), "description": " or ".join(PATHS)},
     "extra": _list(_list(_text(), 2, 2, what="texts"), 64, what="pairs of texts"),
 })
-RECORD_REQUIRED = ("method", "model_a", "model_b", "lambdas", "loss", "barrier", "midpoint_barrier",
+RECORD_REQUIRED = ("schema", "method", "model_a", "model_b", "lambdas", "loss", "barrier", "midpoint_barrier",
                    "endpoint_loss_a", "endpoint_loss_b", "config_hash")
 RECORD_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -391,7 +391,8 @@ RECORD_SCHEMA = {
     "required": list(RECORD_REQUIRED),
     "dependentRequired": {"train_loss": ["train_barrier", "train_eval_set"], "alignment": ["arch"]},
     "properties": {
-        "schema": _whole(hi=1000), "method": _text(64), "model_a": _text(4096), "model_b": _text(4096),
+        "schema": {"const": SCHEMA_VERSION, "description": f"{SCHEMA_VERSION}, the record schema this engine reads"},
+        "method": _text(64), "model_a": _text(4096), "model_b": _text(4096),
         "path": {"enum": list(PATHS), "description": " or ".join(PATHS)}, "config_hash": _text(64),
         "created": _text(64), "eval_set": _text(), "train_eval_set": _text(), "folded_rewrite": _text(64, null=True),
         "lambdas": _reals(MAX_POINTS, 2, lo=0, hi=1),
@@ -569,6 +570,10 @@ def _schema_sentence(error, name: str) -> str:
 def _problem(rec, name: str, required: bool) -> str | None:
     if not isinstance(rec, dict):
         return f"{name} holds a JSON {type(rec).__name__}, not a result record."
+    v = rec.get("schema")
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < SCHEMA_VERSION:
+        return (f"{name} was written with record schema {v}; this engine reads schema {SCHEMA_VERSION} "
+                "(run it again, or rebuild the store with `python -m engine cache build --force`).")
     error = next(_validator(required).iter_errors(rec), None)
     return None if error is None else _schema_sentence(error, name)
 

@@ -264,7 +264,7 @@ def _vs_naive_text(rows: list[dict]) -> list[dict]:
 def summary_table(cached: list[dict], live: list[dict], names: dict[str, str]) -> None:
     """The numbers, once, under the chart: one narrow row per curve, the endpoints in a caption."""
     rows = _vs_naive_text(path_figs.summary_rows(cached, live, names))
-    for row in rows:  # a record from before train curves has none: "-", not an empty number
+    for row in rows:  # a record without a train curve: "-", not an empty number
         if "train barrier" in row:
             row["train barrier"] = "-" if row["train barrier"] is None else f"{row['train barrier']:.4f}"
     unit = style.loss_unit((cached or live)[0])

@@ -188,7 +188,7 @@ def compare_section(chosen: list[dict], names: dict[str, str], charts: downloads
         row = {"run": lab, "barrier": r["barrier"], "vs first": r["barrier_vs_first"],
                "midpoint barrier": r["midpoint_barrier"], "endpoint A": r["endpoint_loss_a"],
                "endpoint B": r["endpoint_loss_b"]}
-        if any_train:  # a run from before train curves has none: "-"
+        if any_train:  # a run without a train curve: "-"
             row["train barrier"] = f"{e['train_barrier']:.4f}" if path_figs.has_train(e) else "-"
         table.append(row)
     config = {k: st.column_config.NumberColumn(k, format="%.4f", help=f"In {unit}.")

@@ -381,7 +381,7 @@ def residual_matrix(residual: dict) -> list[list[float]] | None:
     return None
 
 
-# how a run drew λ per training step (the record's diagnostics.settings.lambdas; older records: narrow)
+# how a run drew λ per training step (the record's diagnostics.settings.lambdas)
 LAMBDA_SAMPLING = {"narrow": "λ ~ U(0.4, 0.6)", "uniform": "λ ~ U(0, 1)", "fixed": "λ = 0.5",
                    "adaptive": "λ: half U(0, 1), half near the worst validation λ"}
 
@@ -389,21 +389,18 @@ LAMBDA_SAMPLING = {"narrow": "λ ~ U(0.4, 0.6)", "uniform": "λ ~ U(0, 1)", "fix
 def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
                    method_names: dict[str, str] | None = None) -> go.Figure:
     """Learned / dual optimisation per validation check: the validation barrier (the largest excess over
-    the chord at λ = 0.1, 0.3, ..., 0.9, which picks the kept element; records from before it: the
-    midpoint loss) and the training loss (right axis); for dual also the one-sided optimiser at the
+    the chord at λ = 0.1, 0.3, ..., 0.9, which picks the kept element) and the training loss (right axis); for dual also the one-sided optimiser at the
     same budget (dashed), so any gap is visibly an optimisation effect."""
     names = method_names or {}
     fig = go.Figure()
-    sampled = LAMBDA_SAMPLING.get((diagnostics.get("settings") or {}).get("lambdas", "narrow"), "λ sampled")
+    sampled = LAMBDA_SAMPLING.get(diagnostics["settings"]["lambdas"], "λ sampled")
     hist = diagnostics.get("history")
-    key = "val_barrier" if hist and "val_barrier" in hist else "val_midpoint_loss"
-    what = "validation barrier, worst of λ = 0.1 … 0.9" if key == "val_barrier" else "validation, λ = 0.5"
+    what = "validation barrier, worst of λ = 0.1 … 0.9"
 
     def add(hist: dict, m: str, label: str, dash: str) -> None:
         colour = method_colour(m)
-        k = key if key in hist else "val_midpoint_loss"
         fig.add_trace(go.Scatter(
-            x=hist["step"], y=hist[k], mode="lines+markers", name=f"{label}<br>{what}",
+            x=hist["step"], y=hist["val_barrier"], mode="lines+markers", name=f"{label}<br>{what}",
             line={"color": colour, "width": 3, "dash": dash}, marker={"size": 6},
             hovertemplate=f"step %{{x}}: %{{y:.4f}} {unit}<extra>{label}</extra>",
         ))
@@ -413,7 +410,7 @@ def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
             fig.add_trace(go.Scatter(
                 x=steps, y=train, mode="lines", name=f"{label}<br>training batch, {sampled}",
                 line={"color": colour, "width": 1.5, "dash": "dot"}, opacity=0.7,
-                yaxis="y2" if key == "val_barrier" else "y",
+                yaxis="y2",
                 hovertemplate=f"step %{{x}}: %{{y:.4f}} {unit}<extra>{label}, training</extra>",
             ))
 
@@ -421,7 +418,7 @@ def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
         add(hist, method, names.get(method, method), "solid")
         best = diagnostics.get("best_step")
         if best in hist["step"]:
-            v = hist[key][hist["step"].index(best)]
+            v = hist["val_barrier"][hist["step"].index(best)]
             fig.add_trace(go.Scatter(
                 x=[best], y=[v], mode="markers", name="kept (best validation)",
                 marker={"symbol": "star", "size": 16, "color": method_colour(method),
@@ -433,14 +430,12 @@ def history_figure(diagnostics: dict, method: str, unit: str = "nats/token",
         add(one["history"], "learned", f"{names.get('learned', 'one-sided')}, same budget", "dash")
     fig.update_layout(
         xaxis={"title": {"text": "optimisation step"}},
-        yaxis={"title": {"text": f"Validation barrier ({unit})" if key == "val_barrier"
-                         else f"Loss at the midpoint ({unit})"}},
+        yaxis={"title": {"text": f"Validation barrier ({unit})"}},
         legend={"orientation": "v", "yanchor": "top", "y": 1, "xanchor": "left", "x": 1.1, "tracegroupgap": 6},
         margin={"l": 10, "r": 10, "t": 30, "b": 10}, height=400, hovermode="x unified",
     )
-    if key == "val_barrier":
-        fig.update_layout(yaxis2={"title": {"text": f"Training loss ({unit})"}, "overlaying": "y", "side": "right",
-                                  "showgrid": False})
+    fig.update_layout(yaxis2={"title": {"text": f"Training loss ({unit})"}, "overlaying": "y", "side": "right",
+                              "showgrid": False})
     return fig
 
 

@@ -4,7 +4,8 @@ one pair. Pure: records in, figures out.
 A record is the dict `engine.api.run_pair` returns (fields in engine/results.py). Every figure takes
 the cached records of one pair plus optional live ones, so cached and recomputed curves share axes.
 A record's train curve (train_loss, train_accuracy: the same points on a sample of the train split)
-is drawn beside its test curve when it has one; records from before train curves simply have none.
+is drawn beside its test curve when it has one; a run without one (run_pair(train_curve=False), as a
+library caller may ask) has none.
 """
 
 from __future__ import annotations
@@ -94,7 +95,7 @@ TRAIN_WIDTH = 1.5  # thinner than any test curve
 
 
 def has_train(record: dict) -> bool:
-    """Whether a record carries a train curve (records from before it do not)."""
+    """Whether a record carries a train curve (a run without one does not)."""
     return bool(record.get("train_loss"))
 
 
@@ -222,7 +223,7 @@ def summary_rows(records: Sequence[dict], live: Sequence[dict] = (),
     """One row per curve for the table under the chart: barrier, its change against naive (cached
     naive for cached rows, the live naive run of the same evaluation for live ones), the midpoint
     barrier, for classifiers the accuracy drop, and the train barrier when any record has a train curve
-    (None for a record from before train curves)."""
+    (None for a record without a train curve)."""
     rows = []
     for recs, is_live in ((records, False), (live, True)):
         base = {r.get("eval_set"): r for r in recs if r["method"] == "naive"}

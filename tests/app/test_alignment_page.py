@@ -165,15 +165,13 @@ def test_dual_shows_history_identity_and_either_side(env):
     at = page("dual")
     open_tab(at, "Method diagnostics")
     hist = chart(at, "history_chart")["data"]
-    key = "val_barrier" if "val_barrier" in d["history"] else "val_midpoint_loss"  # records before path validation
-    assert list(hist[0]["y"]) == d["history"][key]
+    assert list(hist[0]["y"]) == d["history"]["val_barrier"]
     one_sided = [t for t in hist if t.get("line", {}).get("dash") == "dash"]
     one = d["one_sided_same_budget"]
-    assert list(one_sided[0]["y"]) == one["history"][key]
+    assert list(one_sided[0]["y"]) == one["history"]["val_barrier"]
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Loss, max relative gap"] == f"{d['identity']['max_relative_error']:.1e}"
-    gap = one.get("dual_minus_one_sided_barrier", one["dual_minus_one_sided"])
-    assert metrics["Dual − one-sided"] == f"{gap:+.4f}"
+    assert metrics["Dual − one-sided"] == f"{one['dual_minus_one_sided_barrier']:+.4f}"
     (table,) = [t.value for t in at.dataframe if "one-sided" in t.value.columns]
     assert table["dual"].tolist() == d["identity"]["loss_dual"]
     assert table["one-sided"].tolist() == d["identity"]["loss_one_sided"]

@@ -149,34 +149,23 @@ def test_within_head_maps_name_heads_unless_grouped_query():
 
 
 def test_history_validation_training_kept_step_and_one_sided():
-    hist = {"step": [0, 5, 10], "train_loss": [None, 2.0, 1.8], "val_midpoint_loss": [3.0, 2.1, 1.9]}
-    d = {"history": hist, "best_step": 10,
-         "one_sided_same_budget": {"history": {**hist, "val_midpoint_loss": [3.0, 2.4, 2.0]}}}
-    fig = alignment_figs.history_figure(d, "dual", "nats/byte", {"dual": "Dual", "learned": "One-sided"})
-    val, train, kept, one_val, one_train = fig.data
-    assert one_train.line.dash == "dot"
-    assert list(val.y) == [3.0, 2.1, 1.9] and val.line.color == style.METHOD_COLOURS["dual"]
-    assert list(train.x) == [5, 10] and list(train.y) == [2.0, 1.8]  # step 0 has no training loss
-    assert list(kept.x) == [10] and list(kept.y) == [1.9]
-    assert list(one_val.y) == [3.0, 2.4, 2.0] and one_val.line.dash == "dash"
-    assert one_val.line.color == style.METHOD_COLOURS["learned"]
-    assert fig.layout.yaxis.title.text == "Loss at the midpoint (nats/byte)"
-    assert "λ ~ U(0.4, 0.6)" in train.name  # a record without settings: the narrow default
-    uniform = alignment_figs.history_figure(d | {"settings": {"lambdas": "uniform"}}, "dual", "nats/byte")
-    assert "λ ~ U(0, 1)" in uniform.data[1].name and "0.4" not in uniform.data[1].name
-
-
-def test_history_plots_the_validation_barrier_when_the_record_has_it():
     hist = {"step": [0, 5, 10], "train_loss": [None, 2.0, 1.8], "val_midpoint_loss": [3.0, 2.1, 1.9],
             "val_barrier": [1.2, 0.4, 0.5], "val_worst_lambda": [0.5, 0.3, 0.9]}
-    d = {"history": hist, "best_step": 5, "settings": {"lambdas": "adaptive"}}
-    val, train, kept = alignment_figs.history_figure(d, "learned", "nats/image").data
-    assert list(val.y) == [1.2, 0.4, 0.5] and "barrier" in val.name
+    d = {"history": hist, "best_step": 5, "settings": {"lambdas": "narrow"},
+         "one_sided_same_budget": {"history": {**hist, "val_barrier": [1.2, 0.6, 0.7]}}}
+    fig = alignment_figs.history_figure(d, "dual", "nats/byte", {"dual": "Dual", "learned": "One-sided"})
+    val, train, kept, one_val, one_train = fig.data
+    assert list(val.y) == [1.2, 0.4, 0.5] and "barrier" in val.name  # the validation barrier, not the midpoint
+    assert val.line.color == style.METHOD_COLOURS["dual"]
+    assert list(train.x) == [5, 10] and list(train.y) == [2.0, 1.8]  # step 0 has no training loss
+    assert train.yaxis == "y2" and "λ ~ U(0.4, 0.6)" in train.name  # the loss on its own axis
     assert list(kept.x) == [5] and list(kept.y) == [0.4]  # the kept element is the lowest barrier
-    assert train.yaxis == "y2" and "worst validation λ" in train.name  # the loss on its own axis
-    fig = alignment_figs.history_figure(d, "learned", "nats/image")
-    assert fig.layout.yaxis.title.text == "Validation barrier (nats/image)"
-    assert fig.layout.yaxis2.title.text == "Training loss (nats/image)"
+    assert list(one_val.y) == [1.2, 0.6, 0.7] and one_val.line.dash == "dash"
+    assert one_val.line.color == style.METHOD_COLOURS["learned"] and one_train.line.dash == "dot"
+    assert fig.layout.yaxis.title.text == "Validation barrier (nats/byte)"
+    assert fig.layout.yaxis2.title.text == "Training loss (nats/byte)"
+    adaptive = alignment_figs.history_figure(d | {"settings": {"lambdas": "adaptive"}}, "learned", "nats/image")
+    assert "worst validation λ" in adaptive.data[1].name and "0.4" not in adaptive.data[1].name
 
 
 def test_weight_sweeps_and_activation_correlation():

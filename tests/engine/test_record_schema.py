@@ -24,6 +24,7 @@ from engine.results import (
     MAX_POINTS,
     RECORD_REQUIRED,
     RECORD_SCHEMA,
+    SCHEMA_VERSION,
     fields_problem,
     load_record,
     record_problem,
@@ -55,6 +56,22 @@ def test_the_schema_is_a_json_schema_and_every_shipped_record_meets_it():
     assert len(files) >= 40
     for f in files:
         assert record_problem(json.loads(f.read_text()), f.name) is None
+
+
+def test_a_record_of_an_older_schema_is_refused_in_one_sentence_naming_the_version(dual, tmp_path):
+    assert dual["schema"] == SCHEMA_VERSION == 2
+    old = {**dual, "schema": 1}
+    assert record_problem(old, "run X") == (
+        "run X was written with record schema 1; this engine reads schema 2 (run it again, or rebuild the "
+        "store with `python -m engine cache build --force`).")
+    assert fields_problem(old, "run X") == record_problem(old, "run X")  # a kept unfinished run too
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps(old))
+    with pytest.raises(LMCError, match="record schema 1; this engine reads schema 2"):
+        load_record(f)
+    assert record_problem({k: v for k, v in dual.items() if k != "schema"}, "run X") == \
+        "run X is not a result record (missing schema)."
+    assert "field 'schema' must be 2" in record_problem({**dual, "schema": 3}, "run X")
 
 
 def _set(path: str, value):

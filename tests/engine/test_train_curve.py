@@ -13,8 +13,8 @@ from engine.errors import Cancelled
 from engine.evaluate import TRAIN_EVAL_ITEMS, eval_set_for, evaluate, train_eval_set_for, train_items
 from engine.interpolate import barrier_metrics, interpolate
 from engine.models import save_model
-from engine.timing import estimate_seconds
 from engine.results import TRAIN_FIELDS, RunConfig, record_problem
+from engine.timing import estimate_seconds
 
 N_CTX = 16
 EVAL_TOKENS = 8 * N_CTX  # eight windows
