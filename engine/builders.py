@@ -24,6 +24,7 @@ from engine.pipeline import (
     widen_pair,
 )
 from engine.results import (
+    MAX_RECORD_BYTES,
     RunConfig,
     StoreWarning,
     cache_dir,
@@ -108,7 +109,7 @@ def plane_record(model_a: str, model_b: str, method: str = PLANE_METHOD, root: P
     from engine.models.io import read_json_object
 
     f = plane_file(model_a, model_b, method, root)
-    return read_json_object(f, max_bytes=None) if f.is_file() else None
+    return read_json_object(f, max_bytes=MAX_RECORD_BYTES, kind="a loss plane") if f.is_file() else None
 
 
 def build_planes(only: list[tuple[str, str]] | None = None, force: bool = False,
@@ -290,7 +291,7 @@ def ablation_record(model_a: str, model_b: str, root: Path | None = None) -> dic
     from engine.models.io import read_json_object
 
     f = ablation_file(model_a, model_b, root)
-    return read_json_object(f, max_bytes=None, allow_nan=True) if f.is_file() else None
+    return read_json_object(f, max_bytes=MAX_RECORD_BYTES, allow_nan=True, kind="a class ablation") if f.is_file() else None
 
 
 def _ablation_row(label: str, classes: list[str], rec: dict) -> dict:
@@ -386,7 +387,7 @@ def _precomputed_symmetry(name: str) -> dict | None:
     if not f.is_file() or not (ENTRIES[name].path / "model.safetensors").is_file():
         return None
     try:
-        view = read_json_object(f, max_bytes=None, allow_nan=True)
+        view = read_json_object(f, max_bytes=MAX_RECORD_BYTES, allow_nan=True, kind="a symmetry view")
     except LMCError:
         return None  # unreadable: computed again
     return view if view.get("weights_sha256") == _weights_sha256(name) else None

@@ -160,13 +160,13 @@ def _is_record(f: Path) -> bool:
     """Whether `f` holds a result record (load_record accepts it); a file not starting with '{' is read
     no further, so a large foreign file costs one byte."""
     from engine.models.io import read_json_object
-    from engine.results import load_record
+    from engine.results import MAX_RECORD_BYTES, load_record
 
     try:
         with open(f, "rb") as fh:
             if fh.read(1) != b"{":
                 return False
-        kind = read_json_object(f, max_bytes=None).get("kind")
+        kind = read_json_object(f, max_bytes=MAX_RECORD_BYTES, kind="a result record").get("kind")
         if kind in ("loss_plane", "multi", "representation"):  # plane, multi, an encoder's align (engine.represent)
             return True
         load_record(f)

@@ -32,7 +32,16 @@ from pathlib import Path
 from engine.errors import LMCError, OutputError
 from engine.models.io import read_json_object, write_json_atomic
 from engine.progress import PHASES
-from engine.results import CACHE, SCHEMA_VERSION, StoreWarning, cache_dir, fields_problem, record_problem, write_record
+from engine.results import (
+    CACHE,
+    MAX_RECORD_BYTES,
+    SCHEMA_VERSION,
+    StoreWarning,
+    cache_dir,
+    fields_problem,
+    record_problem,
+    write_record,
+)
 
 STATUSES = ("done", "stopped", "failed")
 MAX_NOTE = 2000  # characters of a run's note
@@ -198,7 +207,7 @@ def _read(f: Path) -> tuple[dict | None, str | None]:
     if m is None:
         return None, f"{f} is not a run file of this tool (its name is not run-<id>.json)."
     try:
-        entry = read_json_object(f, f"Run file {f}", max_bytes=None, allow_nan=True)
+        entry = read_json_object(f, f"Run file {f}", max_bytes=MAX_RECORD_BYTES, allow_nan=True, kind="a kept run")
     except LMCError as e:
         return None, str(e)
     problem = run_problem(entry, f"Run file {f}")

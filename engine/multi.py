@@ -43,6 +43,7 @@ from engine.evaluate import EvalSet, evaluate
 from engine.interpolate import LinearPath, _empty_copy, accuracy_drop, barrier_metrics, grid
 from engine.models import Model, canonical
 from engine.models.base import Arch, Params, check_same_architecture
+from engine.results import MAX_RECORD_BYTES
 from engine.spec import Spec, build_spec
 from engine.symmetry import GroupElement, apply, identity
 
@@ -510,8 +511,8 @@ def read_record(f: Path) -> dict:
     """A multi-model record from a JSON file, checked (LMCError naming the file otherwise)."""
     from engine.models.io import read_json_object
 
-    return check_record(read_json_object(Path(f), f"Multi-model record {f}", max_bytes=None),
-                        f"Multi-model record {f}")
+    name = f"Multi-model record {f}"
+    return check_record(read_json_object(Path(f), name, max_bytes=MAX_RECORD_BYTES, kind="a multi-model record"), name)
 
 
 def write_record(rec: dict, f: Path) -> Path:

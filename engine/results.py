@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine.errors import LMCError, OutputError
-from engine.models.io import read_json_object, write_json_atomic
+from engine.models.io import MAX_JSON_BYTES, read_json_object, write_json_atomic
 from engine.options import Options
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -732,7 +732,7 @@ def list_cached(root: Path | None = None) -> list[dict]:
     if not m.is_file():
         return []
     try:
-        rows = read_json_object(m, max_bytes=None, allow_nan=True)["records"]
+        rows = read_json_object(m, max_bytes=MAX_JSON_BYTES, allow_nan=True, kind="a store manifest")["records"]
         keys = ("file", "model_a", "model_b", "method")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and all(k in r for k in keys) for r in rows):
             raise LMCError("its records are not a list of rows")

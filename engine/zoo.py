@@ -121,7 +121,7 @@ def manifest() -> list[dict]:
     if not f.is_file():
         return []
     try:
-        rows = read_json_object(f, f"Zoo manifest {f}", max_bytes=None, allow_nan=True).get("models")
+        rows = read_json_object(f, f"Zoo manifest {f}", allow_nan=True, kind="a zoo manifest").get("models")
     except ModelError as e:
         warnings.warn(f"{e} The zoo table is empty; `python -m engine zoo build` rewrites it.", stacklevel=2)
         return []
@@ -142,7 +142,7 @@ def write_manifest() -> list[dict]:
             continue
         key, bar = QUALITY[e.task]
         try:
-            met = read_json_object(m, max_bytes=None, allow_nan=True)
+            met = read_json_object(m, allow_nan=True, kind="a model's metrics")
         except ModelError as err:
             warnings.warn(f"{err} {e.name} is left out of the zoo manifest.", stacklevel=2)
             continue

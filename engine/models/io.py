@@ -685,9 +685,14 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
     new one whole. Every file is flushed to the device before the swap, so a full disk fails the save
     (an OutputError naming `path`) with the old model in place and the sibling removed. The new marker
     lists the files written. Siblings and temporary files left by earlier killed writes into the
-    same directory (`.NAME.lmc-new-*`, their lock free: remove_stale) are removed first. A directory
-    the tool did not write (allowed by --overwrite) is written into instead, file by file, each
-    atomically; nothing else in it is touched or claimed.
+    same directory (`.NAME.lmc-new-*`, their lock free: remove_stale) are removed first.
+
+    A directory the tool did not write (allowed by --overwrite) is replaced whole too, without
+    touching or claiming anything else in it: everything else in it is mirrored into the sibling by
+    hard links (subdirectories recreated, symbolic links copied as links), and the two are exchanged,
+    so the old files and the new ones never mix; the old directory then holds only links and the
+    replaced files. Where that cannot be done (a special file there, a file system without hard links
+    or the exchange), the files are put in one by one, each atomically.
     """
     path = _resolved(path)
     if os.path.lexists(path) and not path.is_dir():
@@ -711,7 +716,10 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
                 dst = path / n
                 if os.path.lexists(dst) and not dst.is_file():
                     raise OutputError(f"Output directory {path}: {n} there is not a regular file; it was left alone.")
-                os.replace(new / n, dst)
+            if _swap_foreign(path, new, set(written)):
+                return path
+            for n in written:
+                os.replace(new / n, path / n)
             return path
         (new / MARKER).write_text(MARKER_TEXT + FILES_LINE + "\t".join(written) + "\n")
         _fsync(new / MARKER)
@@ -737,6 +745,50 @@ def write_into_dir(path: Path, fill: Callable[[Path], None]) -> Path:
         if fd is not None:
             os.close(fd)
     return path
+
+
+def _mirror(src: Path, dst: Path, skip: set[str] = frozenset()) -> bool:
+    """Hard-link every entry of `src` but the names in `skip` into the directory `dst`: directories
+    recreated with their modes, symbolic links copied as links; False where an entry cannot be (a
+    special file, a link the file system refuses)."""
+    try:
+        for e in os.scandir(src):
+            if e.name in skip:
+                continue
+            d = dst / e.name
+            if e.is_symlink():
+                os.symlink(os.readlink(e.path), d)
+            elif e.is_dir(follow_symlinks=False):
+                os.mkdir(d)
+                if not _mirror(Path(e.path), d):
+                    return False
+                shutil.copystat(e.path, d, follow_symlinks=False)
+            elif e.is_file(follow_symlinks=False):
+                os.link(e.path, d, follow_symlinks=False)
+            else:
+                return False
+        return True
+    except OSError:
+        return False
+
+
+def _swap_foreign(path: Path, new: Path, written: set[str]) -> bool:
+    """Put the filled sibling `new` in the place of a directory the tool did not write, in one step:
+    mirror the rest of `path` into `new`, exchange them, then move back anything that appeared in the
+    old directory meanwhile. False (with `path` untouched) where mirroring or the exchange cannot be
+    done; `new` is then removed by the caller, which removes links only."""
+    if not _mirror(path, new, written):
+        return False
+    try:
+        shutil.copystat(path, new)
+        if not _exchange(new, path):
+            return False
+    except OSError:
+        return False
+    for e in os.scandir(new):  # `new` is the old directory now: a late arrival is moved, not removed
+        if not os.path.lexists(path / e.name):
+            os.rename(e.path, path / e.name)
+    return True
 
 
 def write_checkpoint(path: Path, config: dict, state: dict[str, torch.Tensor], extra: dict[str, str] | None = None) -> None:

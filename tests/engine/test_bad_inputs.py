@@ -578,7 +578,7 @@ if where == "fill":  # dies after writing the config, before the weights
 elif where == "swap":  # dies with the new directory complete, before it is put in place
     io._exchange = lambda a, b: os._exit(9)
     io.os.rename = lambda a, b: os._exit(9)
-save_model(m, sys.argv[2])
+save_model(m, sys.argv[2], overwrite=len(sys.argv) > 4)  # a 4th argument: --overwrite
 """
 
 
@@ -599,6 +599,47 @@ def test_a_save_killed_at_any_step_leaves_the_old_model_whole(where, ctx, capsys
     assert torch.equal(model_logits(load_model(out), x), model_logits(b, x))
 
 
+def _foreign_dir(ctx) -> Path:
+    """A checkpoint directory the tool did not write: the user's model, notes, a subdirectory and links."""
+    d = ctx.work / "users_model"
+    save_model(load_model(ctx.a), d)
+    (d / MARKER).unlink()
+    (d / "notes.txt").write_text("my notes\n")
+    (d / "runs" / "logs").mkdir(parents=True)
+    (d / "runs" / "logs" / "train.log").write_text("step 1\n")
+    (d / "readme").symlink_to("notes.txt")
+    return d
+
+
+@pytest.mark.parametrize("where", ["fill", "swap"])
+def test_an_overwrite_into_a_users_directory_killed_at_any_step_leaves_it_whole(where, ctx):
+    d = _foreign_dir(ctx)
+    before = snapshot(d)
+    proc = subprocess.run([sys.executable, "-c", _KILLED_SAVE, ctx.b, str(d), where, "overwrite"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 9, proc.stderr[-2000:]
+    assert snapshot(d) == before  # the user's model and files, whole: never a new config beside old weights
+
+
+def test_an_overwrite_into_a_users_directory_replaces_its_checkpoint_in_one_step(ctx):
+    d = _foreign_dir(ctx)
+    def others() -> dict:
+        return {k: v for k, v in snapshot(d).items() if Path(k).name not in ("config.json", "model.safetensors")}
+
+    before, inode = others(), (d / "notes.txt").stat().st_ino
+    b = load_model(ctx.b)
+    save_model(b, d, overwrite=True)
+    assert others() == before  # the user's files, subdirectory and link as they were, bytes and times
+    assert (d / "notes.txt").stat().st_ino == inode  # the same file, linked, never copied or rewritten
+    assert (d / "readme").is_symlink() and os.readlink(d / "readme") == "notes.txt"
+    assert not (d / MARKER).exists()  # not claimed
+    x = torch.randint(0, 256, (1, 8))
+    assert torch.equal(model_logits(load_model(d), x), model_logits(b, x))
+    assert not list(ctx.work.glob(".users_model.lmc-*"))
+
+
+# ---------------------------------------------------------------------------------------------
+# The store degrades gracefully
 # ---------------------------------------------------------------------------------------------
 # The store degrades gracefully
 

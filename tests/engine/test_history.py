@@ -162,6 +162,35 @@ def test_files_the_tool_did_not_write_are_skipped_and_never_deleted(recs, home):
     assert files(home) == sorted([*before, f"run-{link}.json"])
 
 
+def test_an_oversized_run_file_or_manifest_is_refused_by_its_size_before_it_is_read(recs, home, tmp_path):
+    from engine.builders import plane_record
+    from engine.results import MAX_RECORD_BYTES, list_cached
+
+    good = history.save_run(recs.lm)["run"]["id"]
+    big = history.new_run_id()
+    while big == good:
+        big = history.new_run_id()
+    with open(home / f"run-{big}.json", "wb") as fh:  # sparse: past the limit, no disk used, never read
+        fh.truncate(MAX_RECORD_BYTES + 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert [e["run"]["id"] for e in history.list_runs()] == [good]
+    (said,) = [str(w.message) for w in caught if w.category is StoreWarning]
+    assert f"run-{big}.json is {MAX_RECORD_BYTES + 1:,} bytes, too large for a kept run" in said
+    store = tmp_path / "store"
+    (store / "plane").mkdir(parents=True)
+    with open(store / "manifest.json", "wb") as fh:
+        fh.truncate(2**30)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert list_cached(store) == []  # rebuilt from the records present: none
+    assert any("too large for a store manifest" in str(w.message) for w in caught)
+    with open(store / "plane" / "a__b__weight.json", "wb") as fh:
+        fh.truncate(MAX_RECORD_BYTES + 1)
+    with pytest.raises(LMCError, match="too large for a loss plane"):
+        plane_record("a", "b", root=store)
+
+
 # ---------------------------------------------------------------------------------------------
 # Comparing
 
