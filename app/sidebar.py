@@ -65,11 +65,21 @@ def _zoo_pairs() -> dict[str, tuple[str, str]]:
     return {pair_key(a, b): (a, b) for a, b in api.pairs()}
 
 
-def render() -> None:
-    """Draw the shared pickers; their values live in st.session_state under the widget keys."""
+# Pages that draw their own models, not the sidebar's pair: the pickers stay (so the pair survives a visit)
+# under a line saying they do not apply here.
+OWN_MODELS = {"symmetry": "The Symmetry page diagnoses the model picked on the page.",
+              "seeds": "The Seeds page shows its own set of seeds.",
+              "runs": "The Runs page lists the runs kept, of any pair."}
+
+
+def render(page: str = "") -> None:
+    """Draw the shared pickers; their values live in st.session_state under the widget keys. `page`:
+    the page's url path, for the line saying whether the pair applies there."""
     pairs = _zoo_pairs()
     with st.sidebar:
         st.header("Models")
+        if page in OWN_MODELS:
+            st.caption(f"{OWN_MODELS[page]} The pair below is used by Connectivity and Alignment.")
         url_state.bind("pair", "pair", [*pairs, CUSTOM])
         key = st.selectbox(
             "Pair", [*pairs, CUSTOM], key="pair",

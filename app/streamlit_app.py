@@ -31,7 +31,7 @@ page = st.navigation([
     st.Page("app_pages/runs.py", title="Runs", icon=":material/history:"),
 ])
 url_state.begin()
-sidebar.render()
+sidebar.render(page.url_path)
 if page.url_path != connectivity.url_path:  # a live run goes on while the user looks elsewhere
     sidebar.live_run_panel()
 page.run()

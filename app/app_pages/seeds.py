@@ -47,6 +47,8 @@ else:
         chosen = st.selectbox("Models", sets, key="seeds_set")
     else:
         chosen = sets[0]
+    if len(sets) == 1:
+        st.markdown(f"**Models:** {', '.join(f'`{m}`' for m in recs[0]['models'])}")
     here = {r["to"]: r for r in recs if " · ".join(r["models"]) == chosen}
     url_state.bind("seeds_basis", "basis", list(here))
     to = st.radio("Shared basis", list(here), format_func=BASIS_LABELS.get, key="seeds_basis", horizontal=True)

@@ -185,6 +185,7 @@ def barrier_figure(records: Sequence[dict], live: Sequence[dict] = (), title: st
             showlegend=False, mode="lines+markers+text", line={"color": colour, "width": width + 1}, opacity=opacity,
             marker={"symbol": "line-ew", "size": [0, 14], "line": {"width": 2, "color": colour}},
             text=["", barrier_label(r["barrier"])], textposition=sides[k], textfont={"color": colour, "size": 12},
+            cliponaxis=False,  # the tallest bar's value stands above the axis' top, drawn whole
             hovertemplate=f"barrier {r['barrier']:.4f} {unit} at λ = {lam_b:.2f}<extra>{name}</extra>",
         ))
     if every:

@@ -81,6 +81,9 @@ def test_the_stored_matrices_and_triangle_are_drawn_for_the_chosen_basis(store, 
         caption = " ".join(c.value for c in at.caption)
         assert ("barycentre round(s)" in caption) == (to == "barycentre") and "of its own" in caption
     assert seeds_page({"basis": "barycentre"}).radio(key="seeds_basis").value == "barycentre"
+    models = [m for m in at.markdown if m.value.startswith("**Models:**")]
+    assert len(models) == 1 and all(f"`{m}`" in models[0].value for m in rec["models"])  # which seeds, named
+    assert any(c.value.startswith("The Seeds page shows its own set of seeds.") for c in at.sidebar.caption)
 
 
 def test_an_unusable_record_is_named_and_the_others_are_still_drawn(store, runs):
