@@ -135,7 +135,7 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
         return vit_eval_set(split, max_items)
     if is_masked_lm(model.arch):
         if hf_bert.is_encoder(model.arch):  # no head, no loss: engine.represent compares hidden states
-            raise DataError(hf_bert.no_loss(model.name or str(model.path)))
+            raise DataError(hf_bert.no_loss(model.name or str(model.path), model.family))
         return mlm_eval_set_for(model, split, max_items)
     tok = tokenizer_for(model)
     if tok is not None and tok.vocab_size > model.arch.n_out:

@@ -1,4 +1,5 @@
-"""Encoders without a head (BERT's BertModel): the path compared by its hidden states, not by a loss.
+"""Encoders without a head (BERT's BertModel, RoBERTa's RobertaModel): the path compared by its hidden states,
+not by a loss.
 
 An encoder-only checkpoint has no vocabulary output, so it has no loss to walk a path on. Along the path
 theta(lam) = (1 - lam) theta_A + lam g.theta_B (g: the aligner's element, identity for naive) this module
@@ -32,10 +33,11 @@ LOSS_METHODS = ("learned", "dual")  # methods that need a loss along the path
 
 
 def is_encoder(arch: Arch) -> bool:
-    """A BERT without a masked-LM head (hf_bert.is_encoder)."""
+    """A BERT, RoBERTa or XLM-RoBERTa without a masked-LM head (hf_bert.is_encoder)."""
+    from engine.models.hf_bert import VARIANTS
     from engine.models.hf_bert import is_encoder as enc
 
-    return arch.family == "hf_bert" and enc(arch)
+    return arch.family in VARIANTS and enc(arch)
 
 
 def encoder_pair(model_a: str | Path, model_b: str | Path) -> bool:

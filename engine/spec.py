@@ -201,8 +201,8 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         out["embed.patch.W"] = ((P, D), ((), (W,)))
         out["embed.patch.b"] = ((D,), ((W,),))
         out["embed.cls"] = ((D,), ((W,),))
-    if arch.pe == "learned":
-        out["embed.pos"] = ((arch.n_ctx, D), ((), (W,)))
+    if arch.pe == "learned":  # a post-norm encoder's table may start with rows before its first position (RoBERTa)
+        out["embed.pos"] = ((None if arch.post_norm else arch.n_ctx, D), ((), (W,)))
     if arch.post_norm:
         out |= _post_norm_outer(arch, params, W, Rd, N)
 

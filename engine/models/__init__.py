@@ -11,7 +11,18 @@ from pathlib import Path
 import torch
 
 from engine.errors import ModelError
-from engine.models import hf_bert, hf_gpt2, hf_llama, hf_mistral, hf_neox, hf_qwen2, hf_qwen3, reference, timm_vit
+from engine.models import (
+    hf_bert,
+    hf_gpt2,
+    hf_llama,
+    hf_mistral,
+    hf_neox,
+    hf_qwen2,
+    hf_qwen3,
+    hf_roberta,
+    reference,
+    timm_vit,
+)
 from engine.models.base import Arch, Family, Model, Params
 from engine.models.io import check_closed_world, check_output_dir, read_config
 from engine.models.native import check_hf_config, fresh
@@ -27,6 +38,8 @@ FAMILIES: dict[str, Family] = {
     hf_mistral.ENTRY.name: hf_mistral.ENTRY,
     timm_vit.ENTRY.name: timm_vit.ENTRY,
     hf_bert.ENTRY.name: hf_bert.ENTRY,
+    hf_roberta.ENTRY.name: hf_roberta.ENTRY,
+    hf_roberta.XLM_ENTRY.name: hf_roberta.XLM_ENTRY,
 }
 
 
@@ -91,8 +104,8 @@ def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
 
 
 def arch_from_config(config: dict, source: str = "config.json") -> Arch:
-    """The Arch of a reference, HF GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX, BERT or timm ViT config dict (no
-    weights needed)."""
+    """The Arch of a reference, HF GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX, BERT, RoBERTa, XLM-RoBERTa or timm
+    ViT config dict (no weights needed)."""
     fam = config.get("family")
     if "model_type" in config:
         check_hf_config(config, source)  # sizes and flags typed before transformers builds anything
@@ -104,7 +117,8 @@ def arch_from_config(config: dict, source: str = "config.json") -> Arch:
         return hf[mt].config_arch(config, source)
     if fam == "timm_vit" or "architecture" in config:
         return timm_vit.arch(timm_vit.module_from_config(config, source), source)
-    raise ModelError(f"{source} is not a reference, GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX, BERT or timm ViT config.")
+    raise ModelError(f"{source} is not a reference, GPT-2, Llama, Qwen2, Qwen3, Mistral, GPT-NeoX, BERT, RoBERTa, "
+                     "XLM-RoBERTa or timm ViT config.")
 
 
 __all__ = [

@@ -28,6 +28,8 @@ and MLP adds; there is no norm_f, and the masked-LM head is head.dense.W [D, D],
 head.norm.g / .b [D] before the decoder (tied to embed.tok) and its bias head.b [n_out]; the pre-training
 layout adds the pooler head.pool.W [D, D], head.pool.b [D] and the next-sentence head head.nsp.W [D, 2],
 head.nsp.b [2]; an encoder without a head (BertModel) has none of the head.dense / head.norm / head.b keys.
+Their embed.pos is the whole position table, which may start with rows before the first position
+(RoBERTa numbers positions from pad_token_id + 1): [T0 + T, D].
 
 Biases are present exactly when the architecture has them. Conversion is linear, so interpolating
 in native or canonical coordinates is the same path.

@@ -25,11 +25,15 @@ Three layouts (`LAYOUTS`, chosen by the directory's `architectures`):
   along a path instead (docs/MATH.md section 9).
 Other BERT heads are refused by name. Saved with `save_pretrained`, so a saved directory is an ordinary HF
 checkpoint.
+
+Families with this encoder under other names (RoBERTa, engine/models/hf_roberta.py) are a `Variant`: the key
+prefixes, the layouts, where positions start and the head's activation; `hf_family` makes the adapter of one.
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,10 +59,54 @@ LAYOUTS = (CLASS, PRETRAINING, ENCODER)  # transformers class names, as a direct
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu"}
 
 
-def layout_of(config: BertConfig | dict) -> str:
-    """The layout a config names in `architectures` (LAYOUTS; none named: the masked LM)."""
-    archs = (config.get("architectures") if isinstance(config, dict) else config.architectures) or [CLASS]
-    return archs[0] if len(archs) == 1 and archs[0] in LAYOUTS else CLASS
+@dataclass(frozen=True)
+class Variant:
+    """A family with BERT's encoder: its names, and what it stores or computes differently from BERT. None of
+    it touches the symmetry group (docs/MATH.md section 9)."""
+
+    family: str  # registry name, "hf_bert"
+    model_type: str
+    config_name: str  # the config in sentences, "BERT"
+    display: str
+    reference: str
+    config_class: str
+    layouts: tuple[str, ...]  # transformers classes read: the masked LM first, the encoder without a head last
+    prefix: str  # the encoder's attribute in a model with a head ("bert"), its native key prefix with a dot
+    head: tuple[str, str, str]  # native names of the masked-LM head's dense layer, its norm (prefixes) and its bias
+    pretraining: str = ""  # the layout with the pooler and the next-sentence head ("" none)
+    nsp: str = ""  # native prefix of the next-sentence head
+    offset: bool = False  # positions start at pad_token_id + 1 (RoBERTa), not 0
+    head_act: str = ""  # the head's activation (Arch.mlp name) when it ignores hidden_act; "" hidden_act's
+
+    @property
+    def masked_lm(self) -> str:
+        return self.layouts[0]
+
+    @property
+    def encoder(self) -> str:
+        return self.layouts[-1]
+
+
+BERT = Variant(
+    family=FAMILY, model_type="bert", config_name="BERT", display=DISPLAY,
+    reference="BERT (Devlin et al., 2019); transformers.BertForMaskedLM, BertForPreTraining, BertModel",
+    config_class="BertConfig", layouts=LAYOUTS, prefix="bert",
+    head=("cls.predictions.transform.dense.", "cls.predictions.transform.LayerNorm.", "cls.predictions.bias"),
+    pretraining=PRETRAINING, nsp="cls.seq_relationship.",
+)
+VARIANTS: dict[str, Variant] = {}  # family name -> its variant, filled by hf_family
+
+
+def layout_of(config: BertConfig | dict, v: Variant = BERT) -> str:
+    """The layout a config names in `architectures` (v.layouts; none named: the masked LM)."""
+    archs = (config.get("architectures") if isinstance(config, dict) else config.architectures) or [v.masked_lm]
+    return archs[0] if len(archs) == 1 and archs[0] in v.layouts else v.masked_lm
+
+
+def first_position(config, v: Variant = BERT) -> int:
+    """The position id of a sequence's first token: 0, or pad_token_id + 1 when positions start after the
+    padding id (RoBERTa); the rows below it hold no position of an unpadded sequence."""
+    return config.pad_token_id + 1 if v.offset else 0
 
 
 def is_encoder(a: Arch) -> bool:
@@ -66,36 +114,55 @@ def is_encoder(a: Arch) -> bool:
     return a.post_norm and not a.head_bias
 
 
-def no_loss(name: str) -> str:
+def no_loss(name: str, family: str = FAMILY) -> str:
     """The one sentence every loss-based view gives for an encoder without a head (engine.represent)."""
-    return (f"Model {name} is a BERT encoder without a head (BertModel), so it has no loss to walk a path on; "
+    v = VARIANTS[family]
+    return (f"Model {name} is a {v.config_name} encoder without a head ({v.encoder}), so it has no loss to walk a "
+            "path on; "
             "`python -m engine align A B` compares its hidden states along the path instead (docs/MATH.md "
             "section 9).")
 
 
-def _summary(config, refuse) -> Arch:
+def _summary(v: Variant, config, refuse) -> Arch:
     D, h = config.hidden_size, config.num_attention_heads
+    n_ctx = config.max_position_embeddings - first_position(config, v)  # the positions of an unpadded sequence
+    if n_ctx < 1:
+        refuse(f"max_position_embeddings={config.max_position_embeddings} with pad_token_id={config.pad_token_id}",
+               "positions start after the padding id, which leaves no position")
     return Arch(
-        family=FAMILY, task="lm", n_layers=config.num_hidden_layers, d_model=D, n_heads=h, n_kv_heads=h,
+        family=v.family, task="lm", n_layers=config.num_hidden_layers, d_model=D, n_heads=h, n_kv_heads=h,
         d_head=D // h, d_mlp=config.intermediate_size, n_out=config.vocab_size,
-        n_ctx=config.max_position_embeddings, pe="learned", rope_layout=None, rotary_dim=0, rope_base=0.0,
+        n_ctx=n_ctx, pe="learned", rope_layout=None, rotary_dim=0, rope_base=0.0,
         norm="layernorm", norm_bias=True, norm_eps=config.layer_norm_eps, mlp=ACTIVATIONS[config.hidden_act],
-        attn_bias=True, out_bias=True, mlp_bias=True, head_bias=layout_of(config) != ENCODER,
+        attn_bias=True, out_bias=True, mlp_bias=True, head_bias=layout_of(config, v) != v.encoder,
         tied_embeddings=True, causal=False, post_norm=True,
     )
 
 
-REFUSALS = (
-    Refusal(lambda c: c.is_decoder or c.add_cross_attention, "is_decoder or add_cross_attention",
-            "a causal or cross-attending BERT is not a masked-LM encoder"),
-    Refusal(lambda c: getattr(c, "position_embedding_type", "absolute") != "absolute",
-            "position_embedding_type={c.position_embedding_type!r}", "only absolute learned positions are supported"),
-    Refusal(lambda c: not c.tie_word_embeddings, "tie_word_embeddings=False",
-            "an untied decoder keeps a second, unused bias beside the one it adds"),
-    activation("hidden_act", ACTIVATIONS),
-    Refusal(lambda c: c.hidden_size % c.num_attention_heads, "hidden_size={c.hidden_size} with "
-            "{c.num_attention_heads} heads", "the heads must split the hidden size evenly"),
-)
+def _bad_pad(c) -> bool:
+    p = c.pad_token_id
+    return type(p) is not int or not 0 <= p < c.vocab_size
+
+
+def _refusals(v: Variant) -> tuple[Refusal, ...]:
+    out = (
+        Refusal(lambda c: c.is_decoder or c.add_cross_attention, "is_decoder or add_cross_attention",
+                f"a causal or cross-attending {v.config_name} is not a masked-LM encoder"),
+        Refusal(lambda c: getattr(c, "position_embedding_type", "absolute") != "absolute",
+                "position_embedding_type={c.position_embedding_type!r}", "only absolute learned positions are supported"),
+        Refusal(lambda c: not c.tie_word_embeddings, "tie_word_embeddings=False",
+                "an untied decoder keeps a second, unused bias beside the one it adds"),
+        activation("hidden_act", ACTIVATIONS),
+        Refusal(lambda c: c.hidden_size % c.num_attention_heads, "hidden_size={c.hidden_size} with "
+                "{c.num_attention_heads} heads", "the heads must split the hidden size evenly"),
+    )
+    if v.offset:
+        out += (Refusal(_bad_pad, "pad_token_id={c.pad_token_id!r}",
+                        "positions start after the padding id, which must be a token id below vocab_size"),)
+    return out
+
+
+REFUSALS = _refusals(BERT)
 
 
 def _name_layout(module) -> None:
@@ -103,50 +170,50 @@ def _name_layout(module) -> None:
     module.config.architectures = [type(module).__name__]
 
 
-def _load_class(path: Path) -> str:
-    """The layout to read a directory as: the one `architectures` names (LAYOUTS only), except a masked LM whose
-    weights also hold the next-sentence head (bert-base names BertForMaskedLM but stores the pre-training
-    heads), read as BertForPreTraining."""
+def _load_class(v: Variant, path: Path) -> str:
+    """The layout to read a directory as: the one `architectures` names (v.layouts only), except a masked LM
+    whose weights also hold the next-sentence head (bert-base names BertForMaskedLM but stores the pre-training
+    heads), read as the pre-training layout."""
     from safetensors import safe_open
 
-    archs = read_config(path).get("architectures") or [CLASS]
-    if len(archs) != 1 or archs[0] not in LAYOUTS:
-        raise ModelError(f"Model directory {path} holds {', '.join(map(str, archs))}; of BERT the engine reads "
-                         f"{', '.join(LAYOUTS)} checkpoints only.")
-    if archs[0] != CLASS:
+    archs = read_config(path).get("architectures") or [v.masked_lm]
+    if len(archs) != 1 or archs[0] not in v.layouts:
+        raise ModelError(f"Model directory {path} holds {', '.join(map(str, archs))}; of {v.config_name} the engine "
+                         f"reads {', '.join(v.layouts)} checkpoints only.")
+    if archs[0] != v.masked_lm or not v.pretraining:
         return archs[0]
     try:
         for f in sorted(path.glob("*.safetensors")):
             with safe_open(str(f), "pt") as fh:  # the header only
-                if "cls.seq_relationship.weight" in fh.keys():  # noqa: SIM118 - a handle, not a dict
-                    return PRETRAINING
+                if v.nsp + "weight" in fh.keys():  # noqa: SIM118 - a handle, not a dict
+                    return v.pretraining
     except (OSError, ValueError, RuntimeError):  # a broken file: load_hf names the problem
         pass
-    return CLASS
+    return v.masked_lm
 
 
 @functools.cache
-def _keymap(bert: str, cls: str, pooler: bool, nsp: bool) -> KeyMap:
-    """The key map of one layout: `bert` and `cls` the native prefixes of the encoder and the heads ("" for a
-    BertModel), with or without the pooler and the next-sentence head."""
-    e, c = bert + "embeddings.", cls + "predictions."
+def _keymap(v: Variant, enc: str, pooler: bool, nsp: bool) -> KeyMap:
+    """The key map of one layout: `enc` the native prefix of the encoder ("" for an encoder without a head,
+    which has no head keys either), with or without the pooler and the next-sentence head."""
+    e, (dense, norm, bias) = enc + "embeddings.", v.head
     final = (
-        Key("head.dense.W", c + "transform.dense.weight", LINEAR, when="head_bias"),  # [D, D]
-        Key("head.dense.b", c + "transform.dense.bias", when="head_bias"),
-        Key("head.norm.g", c + "transform.LayerNorm.weight", when="head_bias"),
-        Key("head.norm.b", c + "transform.LayerNorm.bias", when="head_bias"),
-        Key("head.b", c + "bias", when="head_bias"),  # the decoder's bias is this Parameter, its weight the word embedding
+        Key("head.dense.W", dense + "weight", LINEAR, when="head_bias"),  # [D, D]
+        Key("head.dense.b", dense + "bias", when="head_bias"),
+        Key("head.norm.g", norm + "weight", when="head_bias"),
+        Key("head.norm.b", norm + "bias", when="head_bias"),
+        Key("head.b", bias, when="head_bias"),  # the decoder's bias is this Parameter, its weight the word embedding
     )
     if pooler:
-        final += (Key("head.pool.W", bert + "pooler.dense.weight", LINEAR), Key("head.pool.b", bert + "pooler.dense.bias"))
+        final += (Key("head.pool.W", enc + "pooler.dense.weight", LINEAR), Key("head.pool.b", enc + "pooler.dense.bias"))
     if nsp:
-        final += (Key("head.nsp.W", cls + "seq_relationship.weight", LINEAR),  # [D, 2]
-                  Key("head.nsp.b", cls + "seq_relationship.bias"))
+        final += (Key("head.nsp.W", v.nsp + "weight", LINEAR),  # [D, 2]
+                  Key("head.nsp.b", v.nsp + "bias"))
     return KeyMap(
         embed=(Key("embed.tok", e + "word_embeddings.weight"), Key("embed.pos", e + "position_embeddings.weight"),
                Key("embed.segment", e + "token_type_embeddings.weight"),
                Key("embed.norm.g", e + "LayerNorm.weight"), Key("embed.norm.b", e + "LayerNorm.bias")),
-        block_native=bert + "encoder.layer.{l}.",
+        block_native=enc + "encoder.layer.{l}.",
         block=(
             Key("attn.W_Q", "attention.self.query.weight", QUERY), Key("attn.W_K", "attention.self.key.weight", QUERY),
             Key("attn.W_V", "attention.self.value.weight", QUERY),  # [h, D, d]
@@ -162,15 +229,17 @@ def _keymap(bert: str, cls: str, pooler: bool, nsp: bool) -> KeyMap:
     )
 
 
-def _keys(model: Model) -> KeyMap:
+def _keys(v: Variant, model: Model) -> KeyMap:
     mod = model.module
-    if not hasattr(mod, "bert"):  # BertModel: the module is the encoder
-        return _keymap("", "", mod.pooler is not None, False)
-    return _keymap("bert.", "cls.", mod.bert.pooler is not None, hasattr(mod.cls, "seq_relationship"))
+    if not hasattr(mod, v.prefix):  # the encoder without a head: the module is the encoder
+        return _keymap(v, "", mod.pooler is not None, False)
+    nsp = bool(v.pretraining) and hasattr(getattr(mod, "cls", None), "seq_relationship")
+    return _keymap(v, v.prefix + ".", getattr(mod, v.prefix).pooler is not None, nsp)
 
 
 def _encoder(model: Model):
-    return getattr(model.module, "bert", model.module)
+    """The encoder of a model with a head (its transformers base model), or the module itself."""
+    return getattr(model.module, model.module.base_model_prefix, model.module)
 
 
 def _check_len(model: Model, inputs: torch.Tensor) -> None:
@@ -279,14 +348,18 @@ class Twin(nn.Module):
     and the stream after the attention norm), `norm_f` (no parameters, the identity) the last stream before
     the head. Data-driven aligners run their forward passes, hooks and functional calls on it. It computes
     what `logits` does: the masked-LM logits, or an encoder's Gram output; the pooler and the next-sentence
-    head (`pooler`, `nsp`) are carried as parameters, which the masked-LM logits do not read."""
+    head (`pooler`, `nsp`) are carried as parameters, which the masked-LM logits do not read. `pad` (RoBERTa)
+    numbers positions as HF does from the padding id: pad + 1, pad + 2, ... over the other tokens, pad for a
+    padding token; the position table then has `n_pos` rows (None: a.n_ctx). `head_act` is the head's
+    activation when it is not the blocks' a.mlp."""
 
-    def __init__(self, a: Arch, n_types: int, pooler: bool = False, nsp: bool = False):
+    def __init__(self, a: Arch, n_types: int, pooler: bool = False, nsp: bool = False, pad: int | None = None,
+                 n_pos: int | None = None, head_act: str | None = None):
         super().__init__()
         D = a.d_model
         self.embed = nn.Module()
         self.embed.tok = nn.Parameter(torch.empty(a.n_out, D))
-        self.embed.pos = nn.Parameter(torch.empty(a.n_ctx, D))
+        self.embed.pos = nn.Parameter(torch.empty(a.n_ctx if n_pos is None else n_pos, D))
         self.embed.segment = nn.Parameter(torch.empty(n_types, D))
         self.embed.norm = _Norm(D, a.norm_eps)
         self.blocks = nn.ModuleList(_Block(a) for _ in range(a.n_layers))
@@ -301,12 +374,17 @@ class Twin(nn.Module):
             self.head.pool = _dense(D, D)
         if nsp:
             self.head.nsp = _dense(D, 2)
-        self.kind = a.mlp
+        self.kind, self.pad = head_act or a.mlp, pad
 
     def encode(self, inputs: torch.Tensor) -> torch.Tensor:
         """Token ids [B, T] -> the last hidden states [B, T, D]."""
         e = self.embed
-        x = e.norm(e.tok[inputs] + e.pos[: inputs.shape[-1]] + e.segment[0])  # [B, T, D]: one segment
+        if self.pad is None:
+            pos = e.pos[: inputs.shape[-1]]  # [T, D]
+        else:  # HF's create_position_ids_from_input_ids
+            keep = inputs.ne(self.pad)
+            pos = e.pos[torch.cumsum(keep, -1) * keep + self.pad]  # [B, T, D]
+        x = e.norm(e.tok[inputs] + pos + e.segment[0])  # [B, T, D]: one segment
         for blk in self.blocks:
             x = blk(x)
         return self.norm_f(x)
@@ -326,19 +404,32 @@ class Twin(nn.Module):
 
 def twin(model: Model) -> Model:
     """The model's Twin sharing its canonical tensors (no memory; to be used read-only)."""
-    p = to_canonical(model)
+    v = VARIANTS[model.family]
+    p = ADAPTERS[model.family].to_canonical(model)
+    pad = model.config["pad_token_id"] if v.offset else None
     with torch.device("meta"):
-        module = Twin(model.arch, p["embed.segment"].shape[0], "head.pool.W" in p, "head.nsp.W" in p)
+        module = Twin(model.arch, p["embed.segment"].shape[0], "head.pool.W" in p, "head.nsp.W" in p, pad=pad,
+                      n_pos=p["embed.pos"].shape[0], head_act=v.head_act or None)
     module.load_state_dict(p, strict=True, assign=True)
-    return Model(FAMILY, model.arch, module.eval(), model.config, name=model.name, path=model.path)
+    return Model(model.family, model.arch, module.eval(), model.config, name=model.name, path=model.path)
 
 
-HF = HFFamily(
-    name=FAMILY, model_type="bert", config_name="BERT", display=DISPLAY,
-    reference="BERT (Devlin et al., 2019); transformers.BertForMaskedLM, BertForPreTraining, BertModel",
-    config_class="BertConfig", model_class=CLASS, keys=_keys, summary=_summary, refusals=REFUSALS,
-    prepare=_name_layout, load_class=_load_class, logits=logits, twin=twin,
-)
+ADAPTERS: dict[str, HFFamily] = {}  # family name -> its adapter, filled by hf_family
+
+
+def hf_family(v: Variant) -> HFFamily:
+    """The adapter of a family with BERT's encoder; registers it (VARIANTS, ADAPTERS)."""
+    fam = HFFamily(
+        name=v.family, model_type=v.model_type, config_name=v.config_name, display=v.display, reference=v.reference,
+        config_class=v.config_class, model_class=v.masked_lm, keys=functools.partial(_keys, v),
+        summary=functools.partial(_summary, v), refusals=_refusals(v), prepare=_name_layout,
+        load_class=functools.partial(_load_class, v), logits=logits, twin=twin,
+    )
+    VARIANTS[v.family], ADAPTERS[v.family] = v, fam
+    return fam
+
+
+HF = hf_family(BERT)
 MODEL_TYPE = HF.model_type
 arch, wrap, detect, load, save = HF.arch, HF.wrap, HF.detect, HF.load, HF.save
 to_canonical, from_canonical = HF.to_canonical, HF.from_canonical

@@ -85,9 +85,13 @@ def copy_into(module: nn.Module, native: dict[str, torch.Tensor]) -> None:
 
     Interpolation and alignment keep references to the module's tensors, so a conversion back from
     canonical coordinates must never replace them. Every parameter must be covered, with its exact
-    shape: a silent broadcast would corrupt the model without an error.
+    shape: a silent broadcast would corrupt the model without an error. A tied parameter is covered by any
+    one of its names (XLM-RoBERTa lists its tied decoder before the word embedding it shares).
     """
-    params = dict(module.named_parameters())  # tied parameters appear once
+    params = dict(module.named_parameters())  # tied parameters appear once, under the first of their names
+    first = {id(p): k for k, p in params.items()}
+    alias = {k: first[id(p)] for k, p in module.named_parameters(remove_duplicate=False)}
+    native = {alias.get(k, k): v for k, v in native.items()}
     missing = sorted(set(params) - set(native))
     unknown = sorted(set(native) - set(params))
     if missing or unknown:

@@ -30,6 +30,7 @@ from engine.models import (
     hf_neox,
     hf_qwen2,
     hf_qwen3,
+    hf_roberta,
     load_model,
     reference,
     timm_vit,
@@ -52,6 +53,8 @@ MISTRAL_CFG = {**LLAMA_CFG, "head_dim": 12, "tie_word_embeddings": True}
 QWEN3_CFG = {**LLAMA_CFG, "head_dim": 12}
 BERT_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "layer_norm_eps": 1e-5}
+# RoBERTa numbers positions from pad_token_id + 1 (1 here): 18 rows hold a context of 16
+ROBERTA_CFG = {**BERT_CFG, "max_position_embeddings": 18, "type_vocab_size": 1}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -136,6 +139,9 @@ CASES = {
     "hf_bert": Case("hf_bert", lambda s: hf_bert.build(BERT_CFG, seed=s, dtype=F64), None),
     "hf_bert_relu": Case("hf_bert", lambda s: hf_bert.build(
         {**BERT_CFG, "hidden_act": "relu", "type_vocab_size": 3}, seed=s, dtype=F64), None),
+    # RoBERTa and XLM-RoBERTa: BERT's encoder, other keys, positions after the padding id
+    "hf_roberta": Case("hf_roberta", lambda s: hf_roberta.build(ROBERTA_CFG, seed=s, dtype=F64), None),
+    "hf_xlm_roberta": Case("hf_xlm_roberta", lambda s: hf_roberta.build_xlm(ROBERTA_CFG, seed=s, dtype=F64), None),
 }
 
 
@@ -225,8 +231,9 @@ def test_canonical_shapes_follow_the_arch(case: Case):
         assert (f"blocks.{l}.mlp.W_gate" in p) == (a.mlp == "swiglu")
     assert ("head.W" in p) == (not a.tied_embeddings)
     assert ("embed.pos" in p) == (a.pe == "learned")
-    if a.pe == "learned":
-        assert p["embed.pos"].shape == (a.n_ctx, D)
+    if a.pe == "learned":  # RoBERTa's table starts with the rows up to its padding id
+        first = model.config["pad_token_id"] + 1 if case.family in (hf_roberta.FAMILY, hf_roberta.XLM_FAMILY) else 0
+        assert p["embed.pos"].shape == (first + a.n_ctx, D)
     assert all(v.is_contiguous() for v in p.values())
 
 
@@ -463,6 +470,8 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ("hf_bert", {"tie_word_embeddings": False}, "tie_word_embeddings=False"),
     ("hf_bert", {"hidden_size": 30}, "hidden_size=30 with 4 heads"),
+    ("hf_roberta", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
+    ("hf_xlm_roberta", {"pad_token_id": None}, "pad_token_id=None"),
 ], indirect=["saved"])
 def test_an_hf_config_is_refused_before_any_weight_is_read(saved, change: dict, option: str):
     """The option is named even when the weights are unreadable: the config is checked first (a changed size
