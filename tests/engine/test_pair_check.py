@@ -27,6 +27,10 @@ def dirs(tmp_path_factory):
 
 
 def test_family_labels_are_plain():
+    from engine.models import FAMILIES
+    from engine.pipeline import FAMILY_LABELS
+
+    assert set(FAMILIES) <= set(FAMILY_LABELS)  # every family has a name in words
     assert [api.family_label(f, t) for f, t in (("hf_gpt2", "lm"), ("hf_llama", "lm"), ("hf_neox", "lm"),
                                                 ("timm_vit", "vit"), ("reference", "lm"), ("reference", "vit"))] \
         == ["GPT-2 LM", "Llama LM", "GPT-NeoX LM", "ViT", "reference LM", "reference ViT"]
