@@ -28,6 +28,7 @@ import csv
 import html
 import io
 import json
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -83,7 +84,10 @@ _EMBEDDED_PATH = re.compile(r"(?<![\w.:/~-])~?/(?:[\w.+@-]+/)+([\w.+@-]+)")
 def scrub(obj):
     """`obj` (JSON values: dicts, lists, strings, numbers) with no machine path: a string that is an absolute
     path (without blanks, or an existing one) becomes its last part (a model directory's name), a path inside
-    a text the same."""
+    a text the same; a number that is not finite becomes null (JSON has no NaN or Infinity, and strict
+    readers refuse them)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
     if isinstance(obj, str):
         whole = obj.startswith(("/", "~/")) and (not any(c.isspace() for c in obj) or os.path.exists(obj))
         if whole and PurePath(obj).name:
@@ -97,9 +101,8 @@ def scrub(obj):
 
 
 def record_json(rec: dict) -> bytes:
-    """The record as JSON, its model directories by name (scrub). NaN and infinities stay as the engine
-    writes them (Python's json reads them)."""
-    return json.dumps(scrub(rec), indent=1, allow_nan=True).encode()
+    """The record as JSON, its model directories by name and its non-finite numbers null (scrub)."""
+    return json.dumps(scrub(rec), indent=1, allow_nan=False).encode()
 
 
 def curves_csv(curves: Sequence[tuple[dict, str, str]]) -> bytes:
@@ -164,7 +167,7 @@ def element_json(rec: dict) -> bytes:
     """The group element with what it belongs to: pair, method, classes."""
     body = {"model_a": rec["model_a"], "model_b": rec["model_b"], "method": rec["method"],
             "classes": (rec.get("alignment") or {}).get("classes", []), **element_of(rec)}
-    return json.dumps(scrub(body), indent=1, allow_nan=True).encode()
+    return json.dumps(scrub(body), indent=1, allow_nan=False).encode()
 
 
 def symmetry_json(report: dict) -> bytes:

@@ -71,10 +71,12 @@ def test_record_json_is_the_record(recs):
         assert json.loads(exports.record_json(rec)) == rec
 
 
-def test_record_json_keeps_nan_as_the_engine_writes_it(recs):
-    rec = {**recs["naive"], "loss": [float("nan"), *recs["naive"]["loss"][1:]]}
-    back = json.loads(exports.record_json(rec))
-    assert math.isnan(back["loss"][0]) and back["loss"][1:] == rec["loss"][1:]
+def test_record_json_is_strict_json_with_non_finite_numbers_null(recs):
+    rec = {**recs["naive"], "loss": [float("nan"), *recs["naive"]["loss"][1:-1], float("inf")]}
+    text = exports.record_json(rec).decode()
+    assert "NaN" not in text and "Infinity" not in text
+    back = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in an exported record"))
+    assert back["loss"][0] is None and back["loss"][-1] is None and back["loss"][1:-1] == rec["loss"][1:-1]
 
 
 def test_curves_csv_has_a_row_per_point_of_every_curve(recs):
