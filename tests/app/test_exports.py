@@ -8,7 +8,6 @@ import ast
 import csv
 import io
 import json
-import math
 import os
 import re
 import tempfile
