@@ -31,12 +31,24 @@ PAIRS = ("lm-learned", "lm-none", "lm-rope", "lm-sinusoidal", "vit-learned", "vi
          "vit-learned-w128", "lm-learned-medium", "lm-rope-medium")
 
 
+CONTEXT_KEYS = ("batch",)  # variant keys of the run's AlignContext (sequences / images per step), not of Settings
+
+
+def split_variant(settings: dict, variant: dict):
+    """(Settings, AlignContext keyword arguments) of one variant over the shared settings."""
+    from engine.align.learned import Settings
+
+    merged = settings | variant
+    return (Settings(**{k: v for k, v in merged.items() if k not in CONTEXT_KEYS}),
+            {k: merged[k] for k in CONTEXT_KEYS if k in merged})
+
+
 def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, points: int, settings: dict,
              emit, eval_every: int | None, variants: list[dict], time_budgets: list[float] | None = None) -> None:
     import torch
 
     from engine.align.context import AlignContext
-    from engine.align.learned import Settings, optimise, relative
+    from engine.align.learned import optimise, relative
     from engine.align.pair import model_for, prepare_pair
     from engine.align.weight import weight_match
     from engine.classes import resolve_classes
@@ -75,10 +87,10 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
         from engine.results import MAX_STEPS
 
         for method, variant, budget in ((m, v, T) for m in methods for v in variants for T in time_budgets):
-            st = Settings(**(settings | variant))
+            st, ctx_kw = split_variant(settings, variant)
             ref = matmul_seconds()
             cpu, t = time.process_time(), time.perf_counter()
-            res = optimise(AlignContext(pair, kinds, steps=MAX_STEPS), g0, dual=method == "dual", steps=MAX_STEPS,
+            res = optimise(AlignContext(pair, kinds, steps=MAX_STEPS, **ctx_kw), g0, dual=method == "dual", steps=MAX_STEPS,
                            time_budget_s=budget, settings=st)
             row = base | {"method": method, "variant": variant, "time_budget_s": budget, "matmul_s": ref,
                           "opt_seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - cpu,
@@ -88,7 +100,7 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
         return
     steps = max(checkpoints)
     for method, variant in ((m, v) for m in methods for v in variants):
-        st = Settings(eval_every=eval_every, **(settings | variant))
+        st, ctx_kw = split_variant(settings | {"eval_every": eval_every}, variant)
         t = time.perf_counter()
         eval_s = [0.0]
 
@@ -100,7 +112,7 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
             emit(row | path(relative(pair.arch, g_a, g_b)))
             eval_s[0] += time.perf_counter() - t1
 
-        res = optimise(AlignContext(pair, kinds, steps=steps), g0, dual=method == "dual", steps=steps, settings=st,
+        res = optimise(AlignContext(pair, kinds, steps=steps, **ctx_kw), g0, dual=method == "dual", steps=steps, settings=st,
                        on_check=on_check)
         emit(base | {"method": method, "variant": variant, "summary": True, "steps_done": res["steps_done"], "stopped": res["stopped"],
                      "best_step": res["best_step"], "settings": res["settings"], "history": res["history"],
@@ -119,7 +131,7 @@ def main() -> None:
     ap.add_argument("--lr-map", type=float, default=None, help="peak step size of the continuous latents")
     ap.add_argument("--lambdas", default=None, help="lam sampling mode (narrow, uniform, fixed)")
     ap.add_argument("--variants", nargs="+", type=json.loads, default=[{}],
-                    help="Settings overrides as JSON objects, one optimisation run each from the same start")
+                    help="Settings overrides (and \"batch\", sequences or images per step) as JSON objects, one optimisation run each from the same start")
     ap.add_argument("--time-budgets", nargs="+", type=float, default=None,
                     help="seconds: one separate run per budget, no step cap (the schedule follows the clock)")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
