@@ -256,6 +256,10 @@ def cmd_train(args) -> None:
     tc = LM_TRAIN if args.task == "lm" else VIT_TRAIN
     if args.steps is not None:
         tc = replace(tc, steps=args.steps, eval_every=max(1, min(tc.eval_every, args.steps)))
+    if args.train_bytes is not None:
+        if args.task != "lm":
+            raise LMCError("--train-bytes restricts an LM's training text; a ViT trains on the digits' train split.")
+        tc = replace(tc, train_bytes=args.train_bytes)
     _, met = train(cfg, args.seed, tc, out=Path(args.out), overwrite=args.overwrite)
     acc = f", test accuracy {met['test_accuracy']:.2%}" if met["test_accuracy"] is not None else ""
     print(f"saved {args.out}: test loss {met['test_loss']:.4f}{acc} after {met['steps']} steps ({met['train_seconds']:.0f} s)")
@@ -786,6 +790,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=_seed, default=0)
     p.add_argument("--steps", type=_int_in(1, MAX_STEPS, "training steps"), default=None,
                    help="override the default step budget")
+    p.add_argument("--train-bytes", type=_int_in(1024, 10**9, "training bytes"), default=None,
+                   help="LM: train on the first N bytes of the train split only, repeating them (epochs over a small "
+                        "corpus, as Tiny Shakespeare studies train); default: the whole split")
     p.add_argument("--out", type=_path, required=True, help="directory for the checkpoint (new, empty, or written by this tool)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty directory the tool did not create (only the checkpoint's files are replaced)")

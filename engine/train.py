@@ -24,7 +24,7 @@ from tqdm import tqdm
 
 from engine import train_state
 from engine.data import default_splits, digits_sha256, digits_splits, image_batches, lm_batches
-from engine.errors import LMCError
+from engine.errors import DataError, LMCError
 from engine.evaluate import evaluate, lm_eval_set, vit_eval_set
 from engine.models import save_model
 from engine.models.base import Model
@@ -46,6 +46,7 @@ class TrainConfig:
     threads: int = 0  # 0: leave torch's default
     augment: bool = False  # ViT: random one-pixel shifts
     ema_decay: float = 0.0  # > 0: evaluate and keep an exponential moving average of the weights
+    train_bytes: int | None = None  # LM: train on the first this many tokens of the train split only (None: all)
 
 
 LM_TRAIN = TrainConfig()
@@ -117,7 +118,11 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
     if cfg.task == "lm":
         splits = default_splits()
         batches = (lambda b: (b[:, :-1], b[:, 1:]))
-        stream = map(batches, lm_batches(splits.train, tc.batch, cfg.n_ctx, seed))
+        if tc.train_bytes is not None and tc.train_bytes > len(splits.train):
+            raise DataError(f"The training subset of {tc.train_bytes:,} bytes is larger than the train split "
+                            f"({len(splits.train):,} bytes).")
+        tokens = splits.train if tc.train_bytes is None else splits.train[:tc.train_bytes]
+        stream = map(batches, lm_batches(tokens, tc.batch, cfg.n_ctx, seed))
         val = lm_eval_set("val", tc.eval_items, cfg.n_ctx)
         data_hash = splits.sha256
     else:

@@ -50,7 +50,9 @@ class Resumed:
 
 
 def _identity(cfg: dict, seed: int, tc) -> dict:
-    return {"config": cfg, "seed": seed, "train_config": asdict(tc)}
+    # an optional field left at None (train_bytes: the whole split) names the same run as its absence
+    return {"config": cfg, "seed": seed, "train_config": {k: v for k, v in asdict(tc).items()
+                                                          if not (k == "train_bytes" and v is None)}}
 
 
 def save(where: Path, cfg: dict, seed: int, tc, step: int, smooth: float | None, curve: list[dict],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 import pytest
 import torch
@@ -73,3 +73,28 @@ def test_bfloat16_storage_saves_and_measures_the_rounded_weights(tmp_path):
     for (k, u), v in zip(model.module.state_dict().items(), loaded.module.state_dict().values()):
         assert torch.equal(u, v), k  # the model measured is exactly the model saved
         assert torch.equal(v, v.to(torch.bfloat16).float()), k
+
+
+def test_a_training_subset_draws_every_batch_from_its_first_bytes(tmp_path, monkeypatch):
+    import engine.train as train_mod
+    from engine.data import default_splits
+    from engine.errors import DataError
+
+    seen = []
+    real = train_mod.lm_batches
+
+    def spy(tokens, *a, **k):
+        seen.append(tokens)
+        return real(tokens, *a, **k)
+
+    monkeypatch.setattr(train_mod, "lm_batches", spy)
+    small = replace(LM_TC, steps=2, eval_every=2, train_bytes=4096)
+    _, met = train(LM, 3, small, out=tmp_path / "m", progress=False)
+    assert torch.equal(seen[0], default_splits().train[:4096]) and met["train_config"]["train_bytes"] == 4096
+    _, whole = train(LM, 3, replace(small, train_bytes=None), progress=False)
+    assert len(seen[1]) == len(default_splits().train) and whole["curve"] != met["curve"]
+    # the whole split is the run without the field: its resume identity is unchanged
+    assert train_state._identity(LM.to_dict(), 3, LM_TC)["train_config"] == \
+        {k: v for k, v in asdict(LM_TC).items() if k != "train_bytes"}
+    with pytest.raises(DataError, match="larger than the train split"):
+        train(LM, 3, replace(small, train_bytes=10**9), progress=False)
