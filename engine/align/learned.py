@@ -148,7 +148,9 @@ class Settings:
     eval_every: steps between validation checks (None: steps // EVALS);
     candidates: partners per MLP neuron in its latent;
     start: a key of STARTS, the element the latents start from (weight matching, or activation
-    matching on one training batch).
+    matching on one training batch);
+    batch: sequences / images per step (None: the context's, 16). A larger batch costs its size per
+    step and lowers the plateau the run converges to (bench/RESULTS.md, "To convergence").
     """
 
     lr_perm: float = LR["perm"]
@@ -160,6 +162,7 @@ class Settings:
     eval_every: int | None = None
     candidates: int = CANDIDATES
     start: str = "weight"
+    batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.lambdas is not None and self.lambdas not in LAMBDAS:
@@ -174,7 +177,7 @@ class Settings:
             raise LMCError(f"Learned matching: min_improvement must be a fraction in [0, 1), not {self.min_improvement!r}.")
         if not (isinstance(self.warmup, (int, float)) and 0 <= self.warmup < 1):
             raise LMCError(f"Learned matching: warmup must be a fraction in [0, 1), not {self.warmup!r}.")
-        for name in ("patience", "eval_every"):
+        for name in ("patience", "eval_every", "batch"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int) and v >= 1):
                 raise LMCError(f"Learned matching: {name} must be a positive integer or None, not {v!r}.")
@@ -894,7 +897,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     latents = [p for s in sides for p in s.parameters()]
     groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]
     opt = torch.optim.Adam(groups, foreach=False) if groups else None  # foreach would copy every latent
-    batches = train_batches(arch, ctx.batch, ctx.seed)
+    batches = train_batches(arch, st.batch or ctx.batch, ctx.seed)
     rng = random.Random(ctx.seed)
     per_pass = items_per_pass(arch, xv, dtype)
 

@@ -36,6 +36,10 @@ class LearnedOptions(Options):
         "choice", "--start", "start",
         "The element the latents start from: weight matching (the default) or activation matching on one "
         "training batch.", choices=STARTS)
+    batch: int | None = option(
+        "count", "--batch", "batch (sequences or images)",
+        "Training sequences (LM) or images (ViT) per step, 16 by default; a step costs its batch, and a "
+        "larger one converges lower.", most=4096)
 
     def align_kwargs(self) -> dict:
         kw = {k: v for k, v in self.given().items() if k != "time_budget_s"}

@@ -386,3 +386,22 @@ def test_a_run_given_only_seconds_uses_them_and_decays_its_step_size_on_the_cloc
     peak = f.index(max(f))
     assert all(a >= b for a, b in itertools.pairwise(f[peak:]))
     assert len(res["history"]["step"]) >= 8  # checks at every tenth of the budget, not every MAX_STEPS // 10 steps
+
+
+def test_the_batch_setting_sizes_every_training_batch_and_is_recorded(monkeypatch):
+    pair, kinds = rope_pair()
+    sizes = []
+    real = learned.train_batches
+
+    def spy(arch, batch, seed):
+        sizes.append(batch)
+        return real(arch, batch, seed)
+
+    monkeypatch.setattr(learned, "train_batches", spy)
+    res = optimise(AlignContext(pair, kinds, steps=2), identity(pair.arch), dual=False, steps=2,
+                   settings=Settings(eval_every=1, batch=3))
+    assert sizes == [3] and res["settings"]["batch"] == 3
+    optimise(AlignContext(pair, kinds, steps=1), identity(pair.arch), dual=False, steps=1, settings=Settings(eval_every=1))
+    assert AlignContext(pair, kinds, steps=1).batch == 16 and sizes == [3, 16]  # none given: the context's
+    with pytest.raises(LMCError, match="batch must be a positive integer"):
+        Settings(batch=0)
