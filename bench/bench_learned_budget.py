@@ -44,7 +44,8 @@ def split_variant(settings: dict, variant: dict):
 
 
 def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, points: int, settings: dict,
-             emit, eval_every: int | None, variants: list[dict], time_budgets: list[float] | None = None) -> None:
+             emit, eval_every: int | None, variants: list[dict], time_budgets: list[float] | None = None,
+             splits: tuple[str, ...] = ("test",)) -> None:
     import torch
 
     from engine.align.context import AlignContext
@@ -62,7 +63,8 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
     a, b = load_model(resolve(f"{name}-s0")), load_model(resolve(f"{name}-s1"))
     kinds = resolve_classes(build_spec(a.arch, canonical(a, copy=False)), ())
     pair = prepare_pair(a, b, kinds)
-    es = eval_set_for(a, "test", items)
+    sets = {s: eval_set_for(a, s, items) for s in splits}  # the first is the one reported as "barrier"
+    es = sets[splits[0]]
     base = {"pair": name, "classes": sorted(kinds), "rewrite": pair.rewrite, "items": es.size, "points": points,
             "threads": torch.get_num_threads()}
 
@@ -74,6 +76,9 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
             acc = r["accuracy"]
             out |= {"endpoint_accuracy": [acc[0], acc[-1]], "min_accuracy": min(acc),
                     "accuracy_drop_points": 100 * (min(acc[0], acc[-1]) - min(acc))}
+        for s, other in list(sets.items())[1:]:
+            r = interpolate(pair.model_a, model_for(pair.model_b, pair.arch, moved), other, points)
+            out |= {f"{s}_barrier": r["barrier"], f"{s}_endpoints": [r["loss"][0], r["loss"][-1]]}
         return out
 
     emit(base | {"method": "naive", "step": 0} | path(None))
@@ -121,10 +126,14 @@ def run_pair(name: str, methods: list[str], checkpoints: list[int], items: int, 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=PAIRS)
+    ap.add_argument("--pairs", nargs="+", default=list(PAIRS),
+                    help="zoo pair names, or a path prefix P whose P-s0 and P-s1 are model directories")
     ap.add_argument("--methods", nargs="+", default=["learned", "dual"], choices=["learned", "dual"])
     ap.add_argument("--checkpoints", nargs="+", type=int, default=[25, 50, 100, 200])
     ap.add_argument("--items", type=int, default=8192)
+    ap.add_argument("--splits", nargs="+", default=["test"], choices=["test", "val", "train"],
+                    help="where each barrier is measured: the first as barrier, the others as <split>_barrier "
+                         "(train: the first --items of the train split, the text a --train-bytes model repeats)")
     ap.add_argument("--points", type=int, default=11)
     ap.add_argument("--eval-every", type=int, default=5, help="steps between validation checks (divides every checkpoint)")
     ap.add_argument("--lr-perm", type=float, default=None, help="peak step size of the permutation latents")
@@ -154,7 +163,7 @@ def main() -> None:
     try:
         for name in args.pairs:
             run_pair(name, args.methods, sorted(set(args.checkpoints)), args.items, args.points, settings, emit,
-                     args.eval_every, args.variants, args.time_budgets)
+                     args.eval_every, args.variants, args.time_budgets, tuple(args.splits))
     finally:
         if out:
             out.close()
