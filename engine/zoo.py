@@ -34,7 +34,7 @@ SLOW_PE_STEPS = {"none": 3000, "sinusoidal": 2500}
 QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar each model must meet
 WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
 MEDIUM = {"n_layers": 6, "d_model": 256, "d_mlp": 1024}  # the medium tier's shape (4 heads, context 128 as small)
-MEDIUM_PES = ("learned",)  # the reference's setting first; RoPE at this size is the next to train
+MEDIUM_PES = ("learned", "rope")  # the reference's setting, and RoPE: the PE story at this size
 MORE_SEEDS = (("vit", "learned", 2),)  # (task, pe, seed): further seeds of a recipe, for N-model studies
 # (engine.multi); they join no pair, so every pair stays the recipe's seeds 0 and 1
 

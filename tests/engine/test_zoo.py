@@ -21,6 +21,7 @@ NAMES = {
     "vit-learned-w128-s1": ("vit", "learned", 128, "small", 1),
     "lm-learned-medium-s0": ("lm", "learned", None, "medium", 0),
     "lm-learned-medium-s1": ("lm", "learned", None, "medium", 1),
+    "lm-rope-medium-s0": ("lm", "rope", None, "medium", 0), "lm-rope-medium-s1": ("lm", "rope", None, "medium", 1),
     "vit-learned-s2": ("vit", "learned", None, "small", 2),
 }
 
