@@ -38,8 +38,8 @@ class LearnedOptions(Options):
         "training batch.", choices=STARTS)
     batch: int | None = option(
         "count", "--batch", "batch (sequences or images)",
-        "Training sequences (LM) or images (ViT) per step, 16 by default; a step costs its batch, and a "
-        "larger one converges lower.", most=4096)
+        "Training sequences (LM) or images (ViT) per step, 16 by default; a step's time grows with its batch.",
+        most=4096)
 
     def align_kwargs(self) -> dict:
         kw = {k: v for k, v in self.given().items() if k != "time_budget_s"}
