@@ -149,8 +149,8 @@ class Settings:
     candidates: partners per MLP neuron in its latent;
     start: a key of STARTS, the element the latents start from (weight matching, or activation
     matching on one training batch);
-    batch: sequences / images per step (None: the context's, 16); a larger one costs more per step and,
-    at equal seconds, ends level with more steps of a smaller one (bench/RESULTS.md, "To convergence").
+    batch: sequences / images per step (None: the context's, 16); a larger one costs more per step and
+    lowers the plateau a long run reaches (bench/RESULTS.md, "To convergence").
     """
 
     lr_perm: float = LR["perm"]
