@@ -156,16 +156,17 @@ def model_shape(path: str | Path) -> Shape:
 # The estimate
 
 
-def method_scratch(shape: Shape, method: str, itemsize: int) -> int:
+def method_scratch(shape: Shape, method: str, itemsize: int, batch: int | None = None) -> int:
     """Peak scratch of an aligner beyond the models (bytes): its registry entry's `scratch`
-    (engine.align.METHODS, defined beside the aligner); the module docstring gives the arithmetic."""
+    (engine.align.METHODS, defined beside the aligner); the module docstring gives the arithmetic.
+    `batch`: learned and dual matching's sequences or images per step, when the run sets one."""
     from engine.align import METHODS, method_entry
 
     entry = method_entry(method)
     if entry.scratch is None:
         known = ", ".join(k for k, m in METHODS.items() if m.scratch is not None)
         raise LMCError(f"Method {method!r} has no memory model; choose one of: {known}.")
-    return entry.scratch(shape.arch, shape.params, shape.layer_params, itemsize)
+    return entry.scratch(shape.arch, shape.params, shape.layer_params, itemsize, **({"batch": batch} if batch else {}))
 
 
 def evaluation_bytes(arch: Arch, itemsize: int, eval_items: int | None = None) -> int:
@@ -187,7 +188,7 @@ def _itemsize(dtype: str | torch.dtype) -> tuple[str, int]:
 
 def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points: int = 21,
                  eval_items: int | None = None, dtype: str | torch.dtype = "float32",
-                 device: str = "cpu", classes: Sequence[str] = ()) -> Estimate:
+                 device: str = "cpu", classes: Sequence[str] = (), batch: int | None = None) -> Estimate:
     """The peak memory of aligning and interpolating the models in `model_dirs` (A, B), from configs.
 
     `points` is accepted for the record: the path reuses one work model, so the grid size changes
@@ -210,7 +211,7 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
         parts["aligned B"] = sb.bytes(b)
     if "residual_orth" in used and sa.arch.tied_embeddings:
         parts["untied heads"] = 2 * sa.arch.n_out * sa.arch.d_model * b
-    scratch = method_scratch(sa, method, b)
+    scratch = method_scratch(sa, method, b, batch)
     if scratch:
         parts[f"{method} matching scratch"] = scratch
     parts["evaluation"] = evaluation_bytes(sa.arch, b, eval_items)
@@ -296,7 +297,8 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     from engine.zoo import resolve
 
     est = estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
-                       cfg.dtype, _run_device(cfg.device), tuple(cfg.classes or ()))
+                       cfg.dtype, _run_device(cfg.device), tuple(cfg.classes or ()),
+                       batch=getattr(cfg.options, "batch", None))
     if offload and est.device != "cpu":
         for part in split_offloaded(est):
             check_fits(part, available=available)

@@ -119,13 +119,14 @@ def slowdown(rec: dict, rate: float | None) -> float:
 
 def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int,
                      refs: Iterable[dict], train_size: int = 0, attribution_size: int = 0,
-                     rate: float | None = None) -> dict[str, float | None]:
+                     rate: float | None = None, batch: int | None = None) -> dict[str, float | None]:
     """About how long each phase of a run will take, from earlier records `refs` (best first).
 
     The first record of the same architecture (`same_arch`) gives the evaluation rate (its path's seconds per
     point per scored item) and the loading time; the first of the same architecture and method gives
-    the alignment time, scaled by the step budget for learned and dual matching. `steps` is the
-    run's budget (0 for methods without one); `train_size` the items of its train curve
+    the alignment time, scaled by the step budget and the batch for learned and dual matching. `steps`
+    is the run's budget (0 for methods without one), `batch` its sequences or images per step (None:
+    the default, AlignContext.batch); `train_size` the items of its train curve
     (engine.evaluate.train_items; 0 without one), scored at every point of the path like a record's
     own train items; `attribution_size` the items the barrier attribution scores at each of its
     evaluations (engine.attribution.items; 0 without one). `rate` is the machine's speed now
@@ -153,6 +154,8 @@ def estimate_seconds(method: str, arch: dict, eval_size: int, points: int, steps
                 continue
             ref_steps = (r.get("config") or {}).get("steps") or 0
             scale = steps / ref_steps if steps and ref_steps else 1.0
+            if method in ("learned", "dual"):  # a step's work grows with its batch
+                scale *= (batch or default_batch()) / (record_batch(r) or default_batch())
             out["align"] = t["align"] * scale * slowdown(r, rate)
             break
     return out
@@ -238,7 +241,20 @@ def weight_sweep_flops(arch: dict) -> float:
                   + 4 * z.d * layer_params(arch))
 
 
-def align_flops(method: str, arch: dict, steps: int) -> float:
+def default_batch() -> int:
+    from engine.align.context import AlignContext
+
+    return AlignContext.batch
+
+
+def record_batch(r: dict) -> int | None:
+    """The batch a learned or dual record's steps ran on (its diagnostics' settings; None: the default)."""
+    settings = ((r.get("alignment") or {}).get("diagnostics") or {}).get("settings") or {}
+    b = settings.get("batch")
+    return b if isinstance(b, int) and not isinstance(b, bool) and b > 0 else None
+
+
+def align_flops(method: str, arch: dict, steps: int, batch: int | None = None) -> float:
     """FLOPs of the aligner: weight matching's WEIGHT_SWEEPS sweeps; activation matching's forward
     passes of both models over its batch and its per-layer correlations; learned matching's weight-
     matching start, its `steps` of a forward and backward (about 3 forwards) on a training batch, and its
@@ -259,12 +275,13 @@ def align_flops(method: str, arch: dict, steps: int) -> float:
     if method == "weight":
         return start
     val = (EVALS + 1) * len(VAL_LAMBDAS) * VAL_ITEMS.get(task, 4096) * f
-    one = steps * 3 * AlignContext.batch * per * f + val
+    one = steps * 3 * (batch or AlignContext.batch) * per * f + val
     return start + (2 * one if method == "dual" else one)
 
 
 def arithmetic_seconds(method: str, arch: dict, eval_size: int, points: int, steps: int, rate: float,
-                       train_size: int = 0, attribution_size: int = 0) -> dict[str, float | None]:
+                       train_size: int = 0, attribution_size: int = 0,
+                       batch: int | None = None) -> dict[str, float | None]:
     """About how long each phase of a run takes from its own arithmetic: FLOPs (forward_flops,
     align_flops) at `rate` GFLOP/s (reference_gflops) times the EFFICIENCY of the kind of work; the
     arguments as for estimate_seconds. Every phase None for an arch dict without sizes."""
@@ -281,19 +298,19 @@ def arithmetic_seconds(method: str, arch: dict, eval_size: int, points: int, ste
     return {
         "load": 2 * 4 * param_count(arch) / LOAD_BYTES_PER_S,
         "measure B": 0.0 if method == "naive" else evaluating(eval_size),
-        "align": align_flops(method, arch, steps) / (speed * EFFICIENCY[kind]),
+        "align": align_flops(method, arch, steps, batch) / (speed * EFFICIENCY[kind]),
         "interpolate": evaluating(points * (eval_size * paths + train_size)),
         "attribution": evaluating(attribution_size * attribution_evaluations(method, arch)),
     }
 
 
 def estimate_run(method: str, arch: dict, eval_size: int, points: int, steps: int, refs: Iterable[dict],
-                 rate: float | None, train_size: int = 0,
-                 attribution_size: int = 0) -> tuple[dict[str, float | None], dict[str, str]]:
+                 rate: float | None, train_size: int = 0, attribution_size: int = 0,
+                 batch: int | None = None) -> tuple[dict[str, float | None], dict[str, str]]:
     """(seconds per phase, where each came from): a phase an earlier record of the architecture tells
     (estimate_seconds, scaled to today's `rate`) is "records", the others "arithmetic"
     (arithmetic_seconds); a phase neither tells is None and has no source."""
-    kw = {"train_size": train_size, "attribution_size": attribution_size}
+    kw = {"train_size": train_size, "attribution_size": attribution_size, "batch": batch}
     est = estimate_seconds(method, arch, eval_size, points, steps, refs, rate=rate, **kw)
     calc = arithmetic_seconds(method, arch, eval_size, points, steps, rate, **kw) if rate else dict.fromkeys(PHASES)
     source = {}

@@ -29,7 +29,6 @@ from engine.align.options import LearnedOptions, WeightOptions
 from engine.align.weight import align_weights
 from engine.classes import CLASSES
 from engine.errors import LMCError
-from engine.models.base import Arch
 from engine.options import Options
 
 
@@ -43,8 +42,9 @@ class Method:
     default_steps: int = 0  # optimisation budget when a run asks for 0 steps (0: a method without steps)
     task_steps: dict[str, int] | None = None  # per task, where it differs from default_steps
     # peak scratch memory beyond the two models, in bytes, from the config alone (engine.resources):
-    # (arch, parameters of one model, parameters of one block, bytes per element of the run's dtype)
-    scratch: Callable[[Arch, int, int, int], int] | None = None
+    # (arch, parameters of one model, parameters of one block, bytes per element of the run's dtype;
+    # learned and dual also take batch=, the sequences or images per step a run sets)
+    scratch: Callable[..., int] | None = None
     options: type[Options] = Options  # the run options it takes (engine.options)
 
     def steps(self, task: str | None) -> int:

@@ -116,7 +116,7 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     return AlignOutput(relative(ctx.pair.arch, g_a, g_b), info, g_a=g_a)
 
 
-def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> int:
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, batch: int | None = None) -> int:
     """Peak scratch beyond the two models (bytes), from the config alone (registry entry `dual`): learned
     matching's with both sides' latents and parameters."""
-    return learned_scratch(arch, params, layer_params, itemsize, sides=2)
+    return learned_scratch(arch, params, layer_params, itemsize, sides=2, batch=batch)

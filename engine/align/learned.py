@@ -1085,7 +1085,8 @@ def latent_count(arch: Arch) -> int:
     return arch.n_layers * per_layer + 2 * arch.d_model**2
 
 
-def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sides: int = 1) -> int:
+def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sides: int = 1,
+                  batch: int | None = None) -> int:
     """Peak scratch beyond the two models (bytes), from the config alone (registry entry `learned`; `dual`
     with sides=2; the arithmetic is engine.resources'): the larger of weight matching's (the start, freed
     before the first step) and the optimisation's, whose parts are, in the compute dtype c (float32 at
@@ -1096,10 +1097,11 @@ def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sid
     gathered embedding's dense gradient and its moved copies), each block's input kept for the backward
     pass and one block's activations (N_tr (L + 1) D c and N_tr (6 D + 3 m + h T) c), and one micro-batch's
     logits with their softmax and gradient (3 LOGIT_BYTES); validation's five lam points hold one
-    block's input each (5 N_val D c), less than the step's blocks."""
+    block's input each (5 N_val D c), less than the step's blocks. `batch`: sequences or images per step
+    (None: AlignContext's)."""
     D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
     T, c = seq_len(arch), max(4, itemsize)
-    items = AlignContext.__dataclass_fields__["batch"].default
+    items = batch or AlignContext.__dataclass_fields__["batch"].default
     n = items * T  # positions of one training batch
     per_side = 4 * c * latent_count(arch) + 8 * L * m * min(m, CANDIDATES) + 26 * D * D * c
     step = (8 * layer_params * c + 5 * V * D * c + n * (L + 1) * D * c + n * (6 * D + 3 * m + h * T) * c

@@ -86,6 +86,27 @@ def test_records_win_where_they_tell_and_the_arithmetic_fills_the_rest():
     assert none["align"] is None and "align" not in source
 
 
+def test_a_larger_batch_is_a_longer_and_larger_run():
+    from engine.resources import estimate_run as memory
+    from engine.zoo import resolve
+
+    rate = 20.0
+    calc = [arithmetic_seconds("learned", ARCH, 1000, 21, 400, rate, batch=b)["align"] for b in (None, 16, 64)]
+    assert calc[0] == calc[1] < calc[2]  # none given: the default batch of 16
+    start = arithmetic_seconds("weight", ARCH, 1000, 21, 0, rate)["align"]
+    val = arithmetic_seconds("learned", ARCH, 1000, 21, 0, rate)["align"] - start  # the checks, no steps
+    assert calc[2] - start - val == pytest.approx(4 * (calc[1] - start - val))  # the steps' work grows with the batch
+    ref = record("learned", {"load": 0.5, "align": 40.0, "interpolate": 21.0}, gflops=10.0, steps=400)
+    same = estimate_seconds("learned", ARCH, 1000, 21, 400, [ref], rate=10.0)["align"]
+    big = estimate_seconds("learned", ARCH, 1000, 21, 400, [ref], rate=10.0, batch=64)["align"]
+    assert same == pytest.approx(40.0) and big == pytest.approx(160.0)
+    ref64 = {**ref, "alignment": {"diagnostics": {"settings": {"batch": 64}}}}  # a record run at 64 per step
+    assert estimate_seconds("learned", ARCH, 1000, 21, 400, [ref64], rate=10.0)["align"] == pytest.approx(10.0)
+    pair = [resolve("lm-learned-s0"), resolve("lm-learned-s1")]
+    scratch = [memory(pair, "dual", batch=b).parts["dual matching scratch"] for b in (None, 64)]
+    assert scratch[1] > scratch[0]  # the kept block inputs of four times the sequences
+
+
 def test_the_remaining_time_follows_the_run_s_pace():
     est = {"load": 1.0, "measure B": 2.0, "align": 30.0, "interpolate": 12.0, "attribution": 3.0}
     phases = {"load": Update("load", 2, 2, "", 5.0, 0.0), "measure B": Update("measure B", 4, 4, "", 4.0, 0.0),
