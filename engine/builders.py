@@ -42,6 +42,26 @@ from engine.zoo import ENTRIES, display_name, pairs, resolve
 # triple the cost of every path (bench/RESULTS.md); `--eval-items all` scores the whole split.
 DEFAULT_EVAL_ITEMS = 65_536
 
+# The budget of the stored learned and dual records where it differs from the methods' interactive
+# default (400 steps of 16 sequences for LMs): on the small LM tier, 1,600 steps of 64 sequences, where
+# the barrier has stopped moving against more steps or larger batches at a given time (bench/RESULTS.md,
+# "To convergence on the small LM pair"). A record's config holds its steps and batch.
+CONVERGED = {("lm", "small"): (1600, 64)}
+
+
+def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:
+    """The config of a zoo pair x method's stored record: the method's defaults, or for learned and dual
+    matching the tier's converged budget (CONVERGED)."""
+    from engine.align import method_entry, method_options
+
+    entry, e = method_entry(method), ENTRIES[model_a]
+    budget = CONVERGED.get((e.task, e.tier)) if entry.default_steps else None
+    if budget is None:
+        return RunConfig(model_a, model_b, method, eval_items=eval_items)
+    steps, batch = budget
+    return RunConfig(model_a, model_b, method, steps=steps, eval_items=eval_items,
+                     options=method_options(method, {"batch": batch}))
+
 
 def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAULT_EVAL_ITEMS,
                 only: list[tuple[str, str]] | None = None, force: bool = False,
@@ -58,7 +78,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
 
     from engine.align import METHODS, method_entry
 
-    methods = list(methods or METHODS)  # learned / dual use their registry's fixed budget (engine/align)
+    methods = list(methods or METHODS)
     for m in methods:
         method_entry(m)
     zoo_pairs = pairs()
@@ -73,7 +93,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     out, todo = [], []
     for a, b in todo_pairs:
         for m in methods:
-            cfg = RunConfig(a, b, m, eval_items=eval_items)
+            cfg = cache_config(a, b, m, eval_items)
             old = cached_record(a, b, m, root)
             current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
             if current and not force:

@@ -338,6 +338,7 @@ def test_align_cli_writes_a_record_and_a_merged_model_that_loads_back(tmp_path, 
 
 def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     import engine.align as registry
+    from engine import builders
     from engine.align import run
     from engine.api import build_cache
 
@@ -348,11 +349,24 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     short = {k: replace(v, default_steps=2 if v.default_steps else 0, task_steps=None) for k, v in METHODS.items()}
     monkeypatch.setattr(registry, "METHODS", short)
     monkeypatch.setattr(run, "METHODS", short)
+    monkeypatch.setattr(builders, "CONVERGED", {})  # the methods' (shortened) defaults, not the stored budget
     recs = build_cache(methods=list(METHODS), eval_items=256, only=[("lm-rope-s0", "lm-rope-s1")])
     assert [r["method"] for r in recs] == list(METHODS)
     assert all("alignment" in r and "endpoint_check" in r for r in recs)
     assert recs[-1]["alignment"]["diagnostics"]["steps"] == 2
     assert len(json.loads((tmp_path / "cache" / "manifest.json").read_text())["records"]) == len(METHODS)
+
+
+def test_stored_records_of_the_small_lm_tier_use_the_converged_budget():
+    from engine.builders import cache_config
+    from engine.results import RunConfig
+
+    dual = cache_config("lm-learned-s0", "lm-learned-s1", "dual")
+    assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, 64, 65_536)
+    assert cache_config("lm-learned-s0", "lm-learned-s1", "learned").options.batch == 64
+    for a, b, m in [("lm-learned-s0", "lm-learned-s1", "weight"), ("vit-rope-s0", "vit-rope-s1", "dual"),
+                    ("lm-learned-medium-s0", "lm-learned-medium-s1", "learned")]:
+        assert cache_config(a, b, m) == RunConfig(a, b, m, eval_items=65_536)  # the methods' defaults
 
 
 def test_naive_keeps_the_original_models():
