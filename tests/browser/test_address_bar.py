@@ -26,6 +26,7 @@ def wait_query(page, key: str, value: str, timeout_s: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_pasted_link_opens_its_view_and_the_url_names_it_whole(page, streamlit_url):
     page.goto(f"{streamlit_url}/alignment?method=weight&tab=One+layer&layer=1")
     page.wait_for_selector('h1:has-text("Alignment")')

@@ -30,6 +30,7 @@ def download(page, label: str) -> bytes:
     return open(info.value.path(), "rb").read()
 
 
+@pytest.mark.slow
 def test_every_download_on_connectivity_and_symmetry_is_a_valid_file(page, streamlit_url):
     page.goto(streamlit_url)
     page.wait_for_selector(CHART + " .scatterlayer .trace path")
@@ -75,6 +76,7 @@ def test_side_by_side_symmetry_mode(page, streamlit_url):
                            ".filter(e => e.textContent.includes('log scale')).length >= 2")
 
 
+@pytest.mark.slow
 def test_each_error_is_one_sentence_next_to_its_input(page, streamlit_url, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()

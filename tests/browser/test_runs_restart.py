@@ -26,6 +26,7 @@ def tiny_env(tmp_path_factory) -> dict[str, str]:
     return {"LMC_ZOO_DIR": str(zoo_dir), "LMC_CACHE_DIR": str(tmp_path_factory.mktemp("cached_results"))}
 
 
+@pytest.mark.slow
 def test_a_finished_live_run_survives_a_server_restart(browser, tiny_env, tmp_path):
     env = {**tiny_env, "LMC_EXPLORER_HOME": str(tmp_path / "home")}
     store = tmp_path / "home" / "runs"

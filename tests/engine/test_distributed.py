@@ -32,6 +32,7 @@ def _engine(tmp_path: Path, out: str, processes: int) -> subprocess.CompletedPro
                           capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_reach_the_one_process_element_and_barrier(tmp_path):
     one, two = _engine(tmp_path, "one.json", 1), _engine(tmp_path, "two.json", 2)
     assert one.returncode == 0, one.stderr[-2000:]

@@ -94,6 +94,7 @@ def test_cli_reports_mismatch_in_one_line(tmp_path, capsys):
     assert rc == 2 and "neither a zoo model" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_hf_checkpoint_with_its_own_tokenizer_is_evaluated_with_it(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

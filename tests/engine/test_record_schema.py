@@ -417,6 +417,7 @@ def _write_many(tag: str, rec: dict, store_dir: str, home: str, shared: str, sta
         write_record(mine, Path(shared))
 
 
+@pytest.mark.slow
 def test_two_writers_at_once_tear_no_file_and_lose_no_record(dual, tmp_path, monkeypatch):
     import multiprocessing
 
