@@ -24,7 +24,7 @@ chromium:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium >/dev/null; }
 
 run: $(STAMP)
-	$(PY) -m streamlit run app/streamlit_app.py --server.address 127.0.0.1 --server.port 8501 \
+	$(PY) -m app.serve --server.address 127.0.0.1 --server.port 8501 \
 		--server.headless true --browser.gatherUsageStats false
 
 test: $(STAMP) chromium

@@ -15,6 +15,10 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app import warm
+
+warm.wait()  # a cold server's warmed imports (app/serve.py) are complete before this run uses them
+
 from app import sidebar, url_state
 from engine.api import return_freed_memory
 

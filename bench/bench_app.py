@@ -111,18 +111,20 @@ def import_seconds(modules: str) -> float:
 # A server, a page, a timed step
 
 
+SERVE = ["-m", "app.serve"]  # `make run`'s server: streamlit run app/streamlit_app.py, the imports warmed meanwhile
+
+
 @contextmanager
 def server() -> Iterator[tuple[str, float]]:
-    """A fresh `streamlit run` of the app on a free port: yields (url, the perf_counter time of the spawn) once
+    """A fresh server of the app (SERVE) on a free port: yields (url, the perf_counter time of the spawn) once
     its health check answers; on leaving, its process group gets SIGTERM, then SIGKILL after 20 s."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     spawned = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app" / "streamlit_app.py"), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
+        [sys.executable, *SERVE, "--server.headless", "true", "--server.address", "127.0.0.1", "--server.port",
+         str(port), "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -346,7 +348,7 @@ def main() -> None:
     print(findings(rows))
     if args.write:
         write(f"{SECTION}\n\n`bench/bench_app.py --runs {args.runs}` (its docstring says what each time covers): "
-              f"headless Chromium at 1400 x 1000, median of {args.runs}; {ref}. Targets from the issue: the first "
+              f"headless Chromium at 1400 x 1000, median of {args.runs}; {ref}. The targets: the first "
               f"chart within {TARGETS[COLD]:.0f} s of a cold start, any interaction on a zoo pair within "
               f"{INTERACTION_TARGET_S:.0f} s. *server*: until the server's script run finished (the rest is the "
               f"browser drawing).\n\n{table(rows, unit)}\n\n{findings(rows)}\n")

@@ -15,7 +15,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = ROOT / "app" / "streamlit_app.py"
 
 
 def free_port() -> int:
@@ -30,7 +29,7 @@ def serve(env: dict[str, str], log: Path) -> Iterator[tuple[str, subprocess.Pope
     port = free_port()
     with open(log, "a") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(APP), "--server.headless", "true",
+            [sys.executable, "-m", "app.serve", "--server.headless", "true",  # `make run`'s server
              "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
              "--server.fileWatcherType", "none"],
             cwd=ROOT, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT,
