@@ -1,6 +1,6 @@
 """Learned and dual matching at scale: the time budget, the memory record, the dual identity in the
 model's dtype, and a GPT-2-shaped pair with the full 50,257-token vocabulary (the `slow` marker:
-about a minute on two cores; `-m "not slow"` leaves it out)."""
+about 20 s; `-m "not slow"` leaves it out)."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def test_gpt2_shaped_pair_with_the_full_vocabulary(tmp_path, monkeypatch):
     monkeypatch.setattr(dual, "IDENTITY_ITEMS", {"lm": 256})
     for s in (0, 1):
         torch.manual_seed(s)
-        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=256, n_head=4, vocab_size=50257)).save_pretrained(
+        GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=50257)).save_pretrained(
             tmp_path / f"m{s}", safe_serialization=True)
     a, b = load_model(tmp_path / "m0"), load_model(tmp_path / "m1")
     es = eval_set_for(a, "val", 256)
