@@ -63,6 +63,13 @@ def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None
                      options=method_options(method, {"batch": batch}))
 
 
+def is_current(record: dict, cfg: RunConfig | None = None) -> bool:
+    """Whether a stored record is the one `cache build` would compute now: its config hash is that of `cfg`
+    (by default the store's config of its pair and method, cache_config) completed as a run completes it."""
+    cfg = cfg or cache_config(record["model_a"], record["model_b"], record["method"])
+    return record["config_hash"] == final_config(cfg, ENTRIES[cfg.model_a].task).hash()
+
+
 def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAULT_EVAL_ITEMS,
                 only: list[tuple[str, str]] | None = None, force: bool = False,
                 log: Callable[[str], None] | None = None) -> list[dict]:
@@ -95,8 +102,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         for m in methods:
             cfg = cache_config(a, b, m, eval_items)
             old = cached_record(a, b, m, root)
-            current = old is not None and old["config_hash"] == final_config(cfg, ENTRIES[a].task).hash()
-            if current and not force:
+            if old is not None and is_current(old, cfg) and not force:
                 out.append(old)
             else:
                 todo.append(cfg)

@@ -552,8 +552,11 @@ def cache_table() -> str:
     A broken record is a "-" cell (and a warning naming its file), never the end of the table.
     """
     from engine.align import METHODS
+    from engine.builders import is_current
     from engine.results import cached_record
     from engine.zoo import pairs
+
+    earlier = []  # records of another config than `cache build` now computes (an earlier budget)
 
     def cell(r: dict | None, suffix: str = "") -> str:
         if r is None or not isinstance(r.get("barrier" + suffix), (int, float)):
@@ -561,6 +564,9 @@ def cache_table() -> str:
         out = f"{r['barrier' + suffix]:.3f} / {r['midpoint_barrier' + suffix]:.3f}"
         if isinstance(r.get("accuracy_drop" + suffix), (int, float)):
             out += f" ({100 * r['accuracy_drop' + suffix]:.1f} pt)"
+        if not suffix and not is_current(r):
+            earlier.append(r)
+            out += " *"
         return out
 
     at = list(METHODS).index("naive") + 1  # the naive path after the aligned runs' norm folding / rewrite
@@ -572,6 +578,9 @@ def cache_table() -> str:
         cells = [cell(r) for r in recs.values()]
         cells.insert(at, cell(recs["naive"], "_folded"))
         rows.append(f"| {a} / {b} | " + " | ".join(cells) + " |")
+    if earlier:
+        rows.append(f"\n\\* {len(earlier)} record(s) of another config than `cache build` now computes (an earlier "
+                    "budget or evaluation size); `cache build` recomputes them.")
     return "\n".join(rows)
 
 

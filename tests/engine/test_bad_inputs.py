@@ -685,6 +685,23 @@ def test_cache_build_resumes_and_rebuilds_the_manifest(tiny_zoo, capsys):
     assert main([*BUILD, "--force"]) == 0 and "0 record(s) up to date, 2 to compute" in capsys.readouterr().err
 
 
+def test_cache_table_marks_the_records_cache_build_would_recompute(tiny_zoo, capsys, monkeypatch):
+    from engine import builders
+
+    store_config = builders.cache_config
+    monkeypatch.setattr(builders, "cache_config", lambda a, b, m, eval_items=64: store_config(a, b, m, eval_items))
+    assert main([*BUILD[:-4], "naive", "--eval-items", "64"]) == 0  # the store's own config (here)
+    assert main([*BUILD[:-4], "weight", "--eval-items", "32"]) == 0  # another evaluation size
+    capsys.readouterr()
+    assert main(["cache", "table"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("| lm-none-s0 / lm-none-s1"))
+    naive, _, weight = row.split(" | ")[1:4]
+    assert not naive.endswith("*") and weight.endswith(" *")
+    assert out.rstrip().endswith("\\* 1 record(s) of another config than `cache build` now computes (an earlier "
+                                 "budget or evaluation size); `cache build` recomputes them.")
+
+
 def test_a_bad_record_is_skipped_with_a_warning_everywhere(tiny_zoo, capsys):
     store_dir = tiny_zoo
     assert main(BUILD) == 0
