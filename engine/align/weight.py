@@ -134,15 +134,21 @@ def _rows(p: Params, key: str, bias: str | None) -> Tensor:
     return torch.cat([W, p[bias][:, None]], 1) if bias and bias in p else W  # [n, D+1, d]
 
 
+def _per_query_head(x: Tensor, rep: int) -> Tensor:
+    """A KV group's stack [h_kv, ...] repeated for each of its `rep` query heads [h, ...]; x itself without
+    GQA (rep 1), where a repeat would only copy it."""
+    return x if rep == 1 else x.repeat_interleave(rep, 0)
+
+
 def head_factors(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The factors of every query head's circuits, heads side by side: Q [D+, h*d] and Kbar [D, h*d]
     with Mbar_i = Q_i Kbar_i^T (W_Q W_K^T, row-centred: K centred over the residual axis, since a constant
     score per query is invisible to softmax), V [D+, h*d] and O [h*d, D] with N_i = V_i O_i (W_V W_O)."""
     b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
     Q = _rows(p, f"{b}.W_Q", f"{b}.b_Q").transpose(0, 1).flatten(1)  # [D+, h*d]
-    K = p[f"{b}.W_K"].repeat_interleave(rep, 0)  # [h, D, d]
+    K = _per_query_head(p[f"{b}.W_K"], rep)  # [h, D, d]
     K = (K - K.mean(1, keepdim=True)).transpose(0, 1).flatten(1)  # [D, h*d]
-    V = _rows(p, f"{b}.W_V", f"{b}.b_V").repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D+, h*d]
+    V = _per_query_head(_rows(p, f"{b}.W_V", f"{b}.b_V"), rep).transpose(0, 1).flatten(1)  # [D+, h*d]
     return Q, K, V, p[f"{b}.W_O"].flatten(0, 1)  # ..., [h*d, D]
 
 
@@ -192,8 +198,8 @@ def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) ->
     w = {k: p[f"{b}.{k}"].detach().to("cpu", wd) for k in ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O",
                                                             "mlp.W_in", "mlp.W_out")}
     Q, O = w["attn.W_Q"].transpose(0, 1).flatten(1), w["attn.W_O"].flatten(0, 1)  # [D, h*d], [h*d, D]
-    K = w["attn.W_K"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
-    V = w["attn.W_V"].repeat_interleave(rep, 0).transpose(0, 1).flatten(1)  # [D, h*d]
+    K = _per_query_head(w["attn.W_K"], rep).transpose(0, 1).flatten(1)  # [D, h*d]
+    V = _per_query_head(w["attn.W_V"], rep).transpose(0, 1).flatten(1)  # [D, h*d]
     return Q @ K.T, V @ O, w["mlp.W_in"] @ w["mlp.W_out"]  # sums over heads as one product each
 
 
@@ -346,6 +352,17 @@ def _only_residual(spec: Spec) -> set[str]:
             all(a.group == "residual" for acts in ps.axes for a in acts)}
 
 
+@dataclass(frozen=True)
+class Part:
+    """One parameter's contribution to Terms: its cross matrix X_B^T X_A [D, D] (float64) and squared norms
+    (a residual parameter), its kept pair (a two-sided one) or its squared difference (any other)."""
+
+    M: Tensor | None = None
+    sq: float = 0.0
+    rest: float = 0.0
+    pair: tuple[Tensor, Tensor, float] | None = None
+
+
 class Terms:
     """What the residual fit and the objective need of a set of parameters, accumulated as they stream by.
 
@@ -370,10 +387,14 @@ class Terms:
 
     def add(self, res: dict[str, int], key: str, a: Tensor, b: Tensor, w: float = 1.0) -> None:
         """The terms of one parameter; a residual one weighted by `w` (ResidualFit)."""
+        self.add_part(self.part(res, key, a, b, w))
+
+    def part(self, res: dict[str, int], key: str, a: Tensor, b: Tensor, w: float = 1.0) -> Part:
+        """What `add` adds for one parameter, computed but not added (ResidualFit keeps some for reuse)."""
         if key in res and key in self.two:
-            self.pairs.append((a, b, w))
-            self.sq += w * (float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2)
-        elif key in res:
+            sq = w * (float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2)
+            return Part(sq=sq, pair=(a, b, w))
+        if key in res:
             ax = res[key]
             if a.dim() == 2 and ax == 0:  # a reader [D, n]: X^T X_A without a transposed copy
                 M = (b @ a.mT).to(F64)
@@ -381,10 +402,16 @@ class Terms:
                 Xa, Xb = _residual_rows(a, ax), _residual_rows(b, ax)  # [N, D]
                 M = (Xb.mT @ Xa).to(F64)
             sq = float(torch.linalg.vector_norm(a)) ** 2 + float(torch.linalg.vector_norm(b)) ** 2
-            self.M += M if w == 1.0 else w * M
-            self.sq += sq if w == 1.0 else w * sq
-        else:
-            self.rest += sum(float(torch.linalg.vector_norm(x - y)) ** 2 for x, y in zip(slices(a), slices(b)))
+            return Part(M=M if w == 1.0 else w * M, sq=sq if w == 1.0 else w * sq)
+        return Part(rest=sum(float(torch.linalg.vector_norm(x - y)) ** 2 for x, y in zip(slices(a), slices(b))))
+
+    def add_part(self, part: Part) -> None:
+        if part.pair is not None:
+            self.pairs.append(part.pair)
+        if part.M is not None:
+            self.M += part.M
+        self.sq += part.sq
+        self.rest += part.rest
 
     def noise(self, wd: torch.dtype) -> float:
         """The objective's rounding floor: below it, objective changes say nothing."""
@@ -430,12 +457,29 @@ class ResidualFit:
             if bad >= arch.n_out:
                 raise LMCError(f"Weight matching: seen token id {bad} is outside the vocabulary of {arch.n_out} tokens.")
             self.rows = torch.tensor(sorted(settings.seen_tokens))  # [V_seen]
+        self.outer = frozenset(layer_keys(spec)[0])
+        self.kept: dict[str, Part] = {}
 
     def add(self, terms: Terms, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> None:
+        terms.add_part(self.part(terms, res, key, a, b))
+
+    def part(self, terms: Terms, res: dict[str, int], key: str, a: Tensor, b: Tensor) -> Part:
         if self.rows is not None and key in TOKEN_AXIS:
             ax = TOKEN_AXIS[key]
             a, b = a.index_select(ax, self.rows), b.index_select(ax, self.rows)  # seen tokens only
-        terms.add(res, key, a, b, self.weights.get(key, 1.0))
+        return terms.part(res, key, a, b, self.weights.get(key, 1.0))
+
+    def add_unmoved(self, terms: Terms, res: dict[str, int], key: str, pa: Params, pb: Params,
+                    wd: torch.dtype) -> None:
+        """The terms of a parameter of A and of B as it stands, before any move. A parameter outside every block
+        (embeddings, final norm, head) is computed once and kept: the starting residual fit and the descent
+        both add it, and the token embedding's product [D, V] x [V, D] costs as much as five GPT-2 blocks'."""
+        part = self.kept.get(key)
+        if part is None:
+            part = self.part(terms, res, key, pa[key].detach().to("cpu", wd), pb[key].detach().to("cpu", wd))
+            if key in self.outer:
+                self.kept[key] = part
+        terms.add_part(part)
 
 
 def solve_residual(M: Tensor, perm: bool) -> Tensor:
@@ -466,7 +510,7 @@ def _moved(spec: Spec, mats: dict, block: Params) -> Params:
 
 def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.dtype = F64,
                      progress: Progress | None = None, cancel: CancelToken | None = None,
-                     settings: WeightSettings | None = None) -> tuple[Tensor, dict]:
+                     settings: WeightSettings | None = None, fit: ResidualFit | None = None) -> tuple[Tensor, dict]:
     """Omega from what no per-layer transform touches (docs/MATH.md section 4.2; see the module docstring).
 
     Linear terms: parameters acted on by Omega alone. Two-sided terms Omega^T X_B Omega ~ X_A for
@@ -474,15 +518,17 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     Omega: <X_A, Omega^T X_B Omega_k> + <X_A, Omega_k^T X_B Omega> gives X_B Omega_k X_A^T + X_B^T Omega_k X_A.
     The linearised objective q(Omega) = <lin, Omega> + sum <Omega, X_B Omega X_A^T> comes for free with
     each step; the fit stops when Omega repeats (permutations), or q stops rising or Omega settles
-    (rotations: the same SETTLED bound as the descent). `settings` weigh and select the linear terms.
+    (rotations: the same SETTLED bound as the descent). `settings` weigh and select the linear terms; `fit`
+    (the descent's ResidualFit, built from the same settings) shares the terms of the parameters outside
+    every block, which the descent adds too.
     """
     arch = spec.arch
     res = residual_axes(spec, perm)
-    fit = ResidualFit(spec, settings or WeightSettings(), res)
+    fit = fit or ResidualFit(spec, settings or WeightSettings(), res)
     lin = Terms(arch.d_model, two_sided(spec))
     only = _only_residual(spec)
     for k in (k for k in res if k in only):  # a fixed order: a set's would vary with the hash seed
-        fit.add(lin, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
+        fit.add_unmoved(lin, res, k, pa, pb, wd)
     D, L = arch.d_model, arch.n_layers
     # Keep the 3L circuits of both models while they take at most half a model's bytes (GPT-2-small:
     # 170 MB); beyond (Llama-7B: 13 GB in float32) recompute them layer by layer at every step.
@@ -567,11 +613,12 @@ def _weight_match(pair: Pair, kinds: frozenset[str], wd: torch.dtype, qk_structu
     outer_keys, block_keys = layer_keys(spec)
     outer = Terms(D, two_sided(spec))  # embeddings, final norm, head: no per-layer transform touches them
     for k in outer_keys:
-        fit.add(outer, res, k, pa[k].detach().to("cpu", wd), pb[k].detach().to("cpu", wd))
+        fit.add_unmoved(outer, res, k, pa, pb, wd)
     init: dict = {}
     O = torch.eye(D, dtype=F64)
     if res_kinds:
-        O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel, st)
+        O, init = initial_residual(spec, pa, pb, perm_res, wd, progress, cancel, st, fit)
+    fit.kept.clear()  # both sums that needed them hold them now
     init["seconds"] = t()
     history, prev, stop = [], None, ""
     g = identity(arch)
