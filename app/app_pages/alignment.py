@@ -302,8 +302,10 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
                     "A neuron with the B neuron it was matched to.")
         charts.show(alignment_figs.correlation_figure(d["mlp_matched_correlation"], method), key="correlation_chart")
     if d.get("history"):
-        st.markdown(f"**Optimisation** ({d.get('steps', '?')} steps, Adam on the transform's latents, the models "
-                    + f"frozen): the kept transform is the one with the lowest validation barrier (the largest "
+        batch = (d.get("settings") or {}).get("batch")  # set where a run chose it (the store's small LM records)
+        per_step = f" of {batch} {'images' if unit == 'nats/image' else 'sequences'}" if batch else ""
+        st.markdown(f"**Optimisation** ({d['steps']:,} steps{per_step}, Adam on the transform's latents, the "
+                    "models frozen): the kept transform is the one with the lowest validation barrier (the largest "
                     f"excess over the chord at λ = 0.1, 0.3, …, 0.9), step {d['best_step']}, "
                     f"{d['best_val_barrier']:.4f} {unit}.")
         charts.show(alignment_figs.history_figure(d, method, unit, names), key="history_chart")

@@ -672,7 +672,7 @@ def class_rise_figure(rec: dict, method_name: str = "") -> go.Figure | None:
     fig.update_layout(
         title={"text": "What each symmetry class buys", "yref": "container", "y": 0.98, "yanchor": "top",
                "subtitle": {"text": f"{pair_label(rec)}, {method_name or rec['method']}"}},
-        xaxis={"title": {"text": f"Rise of the barrier without it ({unit})"}, "zeroline": True,
+        xaxis={"title": {"text": f"Rise of the barrier without it<br>({unit})"}, "zeroline": True,  # fits a narrow column
                "range": [lo - (pad if lo < 0 else 0), hi + (pad if hi > 0 else 0)], "automargin": True},
         yaxis={"autorange": "reversed", "automargin": True},
         margin={"l": 10, "r": 10, "t": 80, "b": 10}, height=120 + 36 * len(rows) + 80, showlegend=False,

@@ -187,6 +187,21 @@ def test_dual_shows_history_identity_and_either_side(env):
     assert heat() == [alignment_figs.permutation_matrix(L["head_perm"]) for L in al["element_a"]["layers"]]
 
 
+def test_the_optimisation_says_its_steps_and_the_batch_a_run_chose(env):
+    rec = cached_record(*PAIR, "dual", env)
+    steps = rec["alignment"]["diagnostics"]["steps"]
+
+    def said(at) -> str:
+        open_tab(at, "Method diagnostics")
+        return next(m.value for m in at.markdown if m.value.startswith("**Optimisation**"))
+
+    assert said(page("dual")).startswith(f"**Optimisation** ({steps:,} steps, Adam")  # the default batch: unsaid
+    live = copy.deepcopy(rec)
+    live["alignment"]["diagnostics"]["settings"]["batch"] = 64
+    assert said(page("dual", live_runs={PAIR: {"dual": live}})).startswith(
+        f"**Optimisation** ({steps:,} steps of 64 sequences, Adam")
+
+
 def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
     cached = cached_record(*PAIR, "weight", env)
     live = copy.deepcopy(cached)

@@ -338,7 +338,7 @@ def test_class_rise_bars_in_reading_order_with_readable_names():
     assert list(bars.customdata) == pytest.approx([0.90, 1.94, 0.77, 0.83, 1.18])  # the barrier without the class
     colour = style.METHOD_COLOURS["weight"]
     assert list(bars.marker.color) == [colour, colour, style.BEFORE_COLOUR, colour, colour]  # qk buys nothing
-    assert fig.layout.xaxis.title.text == "Rise of the barrier without it (nats/byte)"
+    assert fig.layout.xaxis.title.text == "Rise of the barrier without it<br>(nats/byte)"  # two lines: the column is narrow
     assert fig.layout.yaxis.autorange == "reversed" and fig.layout.title.subtitle.text.endswith("Weight matching")
     assert not any("_" in label for label in bars.y)  # no code names
     # a residual permutation run's residual class is named as such
