@@ -260,6 +260,8 @@ def cmd_train(args) -> None:
         if args.task != "lm":
             raise LMCError("--train-bytes restricts an LM's training text; a ViT trains on the digits' train split.")
         tc = replace(tc, train_bytes=args.train_bytes)
+    if args.dropout:
+        tc = replace(tc, dropout=args.dropout)
     _, met = train(cfg, args.seed, tc, out=Path(args.out), overwrite=args.overwrite)
     acc = f", test accuracy {met['test_accuracy']:.2%}" if met["test_accuracy"] is not None else ""
     print(f"saved {args.out}: test loss {met['test_loss']:.4f}{acc} after {met['steps']} steps ({met['train_seconds']:.0f} s)")
@@ -714,6 +716,16 @@ def _finite(s: str) -> float:
     return x
 
 
+def _fraction(what: str):
+    def parse(s: str) -> float:
+        x = _finite(s)
+        if not 0 <= x < 1:
+            raise argparse.ArgumentTypeError(f"expected a fraction from 0 up to (not including) 1 ({what}), got {s!r}")
+        return x
+
+    return parse
+
+
 def _path(s: str) -> str:
     if not s.strip():
         raise argparse.ArgumentTypeError("expected a path, got an empty string")
@@ -802,6 +814,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-bytes", type=_int_in(1024, 10**9, "training bytes"), default=None,
                    help="LM: train on the first N bytes of the train split only, repeating them (epochs over a small "
                         "corpus, as Tiny Shakespeare studies train); default: the whole split")
+    p.add_argument("--dropout", type=_fraction("dropout rate"), default=0.0,
+                   help="residual dropout on every attention and MLP output while training (default 0, the zoo's recipe)")
     p.add_argument("--out", type=_path, required=True, help="directory for the checkpoint (new, empty, or written by this tool)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty directory the tool did not create (only the checkpoint's files are replaced)")

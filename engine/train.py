@@ -47,6 +47,7 @@ class TrainConfig:
     augment: bool = False  # ViT: random one-pixel shifts
     ema_decay: float = 0.0  # > 0: evaluate and keep an exponential moving average of the weights
     train_bytes: int | None = None  # LM: train on the first this many tokens of the train split only (None: all)
+    dropout: float = 0.0  # residual dropout: each attention and MLP output, in training only (GPT-2's resid_pdrop)
 
 
 LM_TRAIN = TrainConfig()
@@ -79,6 +80,16 @@ def shift_augment(batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tenso
     return x.gather(3, cols), y
 
 
+def residual_dropout(net: torch.nn.Module, p: float) -> list:
+    """Dropout on every attention and MLP output before it joins the residual stream, active only while
+    the module trains (GPT-2's resid_pdrop); forward hooks, so the model and its saved config are those
+    of a run without it. Returns the hooks' handles (none for p = 0)."""
+    if not p:
+        return []
+    drop = (lambda m, args, out: F.dropout(out, p, training=m.training))
+    return [part.register_forward_hook(drop) for b in net.blocks for part in (b.attn, b.mlp)]
+
+
 def lr_at(step: int, tc: TrainConfig) -> float:
     if step < tc.warmup:
         return tc.lr * (step + 1) / tc.warmup
@@ -108,9 +119,12 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
         check_output_dir(out, overwrite, name="Training output directory")
     if tc.threads:
         torch.set_num_threads(tc.threads)
+    if not (isinstance(tc.dropout, (int, float)) and 0 <= tc.dropout < 1):
+        raise LMCError(f"The dropout rate must be a fraction in [0, 1), not {tc.dropout!r}.")
     torch.manual_seed(seed)
     model = build(cfg, seed=seed)
     net = model.module
+    hooks = residual_dropout(net, tc.dropout)
     decay = [p for n, p in net.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in net.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
@@ -178,6 +192,8 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
                 train_state.save(where, cfg.to_dict(), seed, tc, step + 1, smooth, curve, best,
                                  time.perf_counter() - t0, net, ema, opt)
     train_s = time.perf_counter() - t0
+    for h in hooks:  # the kept model computes its function, with no trace of training's dropout
+        h.remove()
     net.load_state_dict(best[2])
     if store_dtype != torch.float32:  # what is saved is what is measured
         with torch.no_grad():

@@ -50,9 +50,9 @@ class Resumed:
 
 
 def _identity(cfg: dict, seed: int, tc) -> dict:
-    # an optional field left at None (train_bytes: the whole split) names the same run as its absence
+    # an optional field left at its default (train_bytes None: the whole split; dropout 0) names the same run as its absence
     return {"config": cfg, "seed": seed, "train_config": {k: v for k, v in asdict(tc).items()
-                                                          if not (k == "train_bytes" and v is None)}}
+                                                          if not ((k == "train_bytes" and v is None) or (k == "dropout" and not v))}}
 
 
 def save(where: Path, cfg: dict, seed: int, tc, step: int, smooth: float | None, curve: list[dict],

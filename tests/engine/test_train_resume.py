@@ -95,6 +95,29 @@ def test_a_training_subset_draws_every_batch_from_its_first_bytes(tmp_path, monk
     assert len(seen[1]) == len(default_splits().train) and whole["curve"] != met["curve"]
     # the whole split is the run without the field: its resume identity is unchanged
     assert train_state._identity(LM.to_dict(), 3, LM_TC)["train_config"] == \
-        {k: v for k, v in asdict(LM_TC).items() if k != "train_bytes"}
+        {k: v for k, v in asdict(LM_TC).items() if k not in ("train_bytes", "dropout")}
     with pytest.raises(DataError, match="larger than the train split"):
         train(LM, 3, replace(small, train_bytes=10**9), progress=False)
+
+
+def test_residual_dropout_acts_in_training_only_and_leaves_no_hook_on_the_kept_model(tmp_path):
+    from engine.errors import LMCError
+    from engine.train import residual_dropout
+
+    short = replace(LM_TC, steps=4, eval_every=4)
+    plain, met0 = train(LM, 3, short, progress=False)
+    dropped, met = train(LM, 3, replace(short, dropout=0.5), out=tmp_path / "m", progress=False)
+    assert met["train_config"]["dropout"] == 0.5 and met["curve"] != met0["curve"]  # the same seed, other steps
+    net = dropped.module
+    assert not any(m._forward_hooks for m in net.modules())  # the model kept computes its own function
+    x = torch.randint(0, 256, (2, 16))
+    net.train()
+    assert torch.equal(net(x), net(x))  # no dropout left, even in training mode
+    handles = residual_dropout(net, 0.5)
+    assert len(handles) == 2 * LM.n_layers and not torch.equal(net(x), net(x))  # hooks drop in training
+    net.eval()
+    assert torch.equal(net(x), net(x))  # and never in evaluation
+    for h in handles:
+        h.remove()
+    with pytest.raises(LMCError, match="dropout rate must be a fraction"):
+        train(LM, 3, replace(short, dropout=1.0), progress=False)
