@@ -148,10 +148,14 @@ def final_config(cfg: RunConfig, task: str) -> RunConfig:
     `cache build` computes it without loading the models to tell whether a stored record is current.
     """
     from engine.align import method_entry, method_options
-    from engine.align.learned import step_budget
+    from engine.align.learned import DEFAULT_CANDIDATES, step_budget
 
     entry = method_entry(cfg.method)
     options = method_options(cfg.method, cfg.options)
+    if "candidates" in options.specs() and options.candidates is None:
+        # the MLP candidates default by task and that default has changed (learned.DEFAULT_CANDIDATES): the
+        # record names the one it ran, so a record of the earlier default is never taken for a current one
+        options = replace(options, candidates=DEFAULT_CANDIDATES[task])
     data = digits_sha256() if task == "vit" else default_splits().sha256
     steps = step_budget(cfg.steps, options.align_kwargs().get("time_budget_s"), entry.steps(task))
     return replace(cfg, steps=steps, data_sha256=data, device=resolve_device(cfg.device), options=options)

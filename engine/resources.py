@@ -50,7 +50,7 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                    activations, at most EVAL_BUDGET_BYTES), and no larger than the evaluation set
 
 N_act, N_tr: the positions of one activation-matching / training batch (sequences of T, or images).
-Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2 latents (k = min(m, learned.CANDIDATES) MLP
+Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2 latents (k = min(m, learned.DEFAULT_CANDIDATES of the task) MLP
 candidates per neuron; every class; r the rotary dims). The evaluation set itself (token ids) is left out: a few MB. `check_fits` compares the total with the memory free on the device: MemAvailable on
 the CPU, cudaMemGetInfo on CUDA.
 

@@ -120,7 +120,14 @@ MID = VAL_LAMBDAS.index(0.5)
 # `adaptive` follows (bench/RESULTS.md, "Validating on the path")
 DEFAULT_LAMBDAS = {"lm": "narrow", "vit": "adaptive"}
 STARTS = ("weight", "activation")  # the aligner whose element the latents start from
-CANDIDATES = 16  # candidate partners per MLP neuron (the latent is [m, CANDIDATES] per layer)
+CANDIDATES = 16  # the most candidate partners per MLP neuron a default gives (the latent is [m, k] per layer)
+# MLP candidates per task when a run names none. On the LMs learning the MLP permutation costs barrier:
+# the hard permutation flips about a tenth of the units every re-solve to the last step, and the other
+# classes chase it; keeping weight matching's (k = 1) gave the lowest barrier on the learned-PE pair at
+# every budget measured (400 steps: k = 1, 4, 8, 16, 512 -> 0.185, 0.187, 0.195, 0.199, 0.252 nats/byte;
+# 1,600 steps of 16: 0.143 against 0.162, below k = 16 with four times the batch, 0.147). bench/RESULTS.md,
+# "Learning the MLP permutation"
+DEFAULT_CANDIDATES = {"lm": 1, "vit": CANDIDATES}
 CANDIDATE_ROWS = 1024  # rows of the candidate scores computed at once: O(rows x m) scratch
 VAL_ITEMS = {"lm": 4096, "vit": 512}  # validation tokens / images for picking the best element
 EVALS = 20  # validation checks per run (every steps // EVALS steps, or every EVALS-th of a time budget)
@@ -146,7 +153,8 @@ class Settings:
     row that do not lower the validation barrier by min_improvement of itself (from the last check
     that did) before the run stops, once the step size has decayed to half its peak (None: never);
     eval_every: steps between validation checks (None: steps // EVALS);
-    candidates: partners per MLP neuron in its latent;
+    candidates: partners per MLP neuron in its latent (None: DEFAULT_CANDIDATES of the task; 1 keeps the
+    start's MLP permutation);
     start: a key of STARTS, the element the latents start from (weight matching, or activation
     matching on one training batch);
     batch: sequences / images per step (None: the context's, 16); a larger one costs more per step and
@@ -160,7 +168,7 @@ class Settings:
     patience: int | None = PATIENCE
     min_improvement: float = MIN_IMPROVEMENT
     eval_every: int | None = None
-    candidates: int = CANDIDATES
+    candidates: int | None = None
     start: str = "weight"
     batch: int | None = None
 
@@ -181,7 +189,7 @@ class Settings:
             v = getattr(self, name)
             if v is not None and not (isinstance(v, int) and v >= 1):
                 raise LMCError(f"Learned matching: {name} must be a positive integer or None, not {v!r}.")
-        if not (isinstance(self.candidates, int) and self.candidates >= 1):
+        if self.candidates is not None and not (isinstance(self.candidates, int) and self.candidates >= 1):
             raise LMCError(f"Learned matching: candidates must be a positive integer, not {self.candidates!r}.")
 
 
@@ -869,7 +877,8 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
     st = settings or ctx.learned or Settings()
-    st = replace(st, lambdas=st.lambdas or DEFAULT_LAMBDAS[arch.task])  # the record names the mode it used
+    # the record names the lam sampling and MLP candidates it used
+    st = replace(st, lambdas=st.lambdas or DEFAULT_LAMBDAS[arch.task], candidates=st.candidates or DEFAULT_CANDIDATES[arch.task])
     progress = progress or ctx.progress
     name = "dual matching" if dual else "learned matching"
     tw = twin(pair.model_a)
@@ -1078,11 +1087,16 @@ def align_learned(ctx: AlignContext) -> AlignOutput:
 
 def latent_count(arch: Arch) -> int:
     """Latents of one side, every class: Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2, the MLP latent
-    scoring k = min(m, CANDIDATES) partners per neuron."""
+    scoring k = min(m, DEFAULT_CANDIDATES of the task) partners per neuron."""
     m = arch.d_mlp
-    per_layer = (arch.n_heads**2 + m * min(m, CANDIDATES) + m + 2 * arch.n_kv_heads * arch.d_head**2
+    per_layer = (arch.n_heads**2 + m * default_k(arch) + m + 2 * arch.n_kv_heads * arch.d_head**2
                  + arch.n_kv_heads * arch.rotary_dim)
     return arch.n_layers * per_layer + 2 * arch.d_model**2
+
+
+def default_k(arch: Arch) -> int:
+    """MLP candidates per neuron a run of this architecture takes when it names none."""
+    return min(arch.d_mlp, DEFAULT_CANDIDATES[arch.task])
 
 
 def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sides: int = 1,
@@ -1103,7 +1117,7 @@ def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sid
     T, c = seq_len(arch), max(4, itemsize)
     items = batch or AlignContext.__dataclass_fields__["batch"].default
     n = items * T  # positions of one training batch
-    per_side = 4 * c * latent_count(arch) + 8 * L * m * min(m, CANDIDATES) + 26 * D * D * c
+    per_side = 4 * c * latent_count(arch) + 8 * L * m * default_k(arch) + 26 * D * D * c
     step = (8 * layer_params * c + 5 * V * D * c + n * (L + 1) * D * c + n * (6 * D + 3 * m + h * T) * c
             + 3 * LOGIT_BYTES)
     return max(weight_scratch(arch, params, layer_params, itemsize), sides * per_side + step)

@@ -32,6 +32,10 @@ class LearnedOptions(Options):
     lr_perm: float | None = option(
         "rate", "--lr-perm", "permutation step size",
         "Peak Adam step size of the permutation latents.")
+    candidates: int | None = option(
+        "count", "--candidates", "MLP candidates",
+        "Partners per MLP neuron its permutation latent chooses among; 1 keeps the starting element's MLP "
+        "permutation and learns the other classes only.", most=4096)
     start: str | None = option(
         "choice", "--start", "start",
         "The element the latents start from: weight matching (the default) or activation matching on one "

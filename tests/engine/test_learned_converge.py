@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -222,6 +223,22 @@ def test_the_record_keeps_the_curve_the_settings_and_the_flips():
     apply(pair.arch, kept, pair.params_b)  # strict membership check
 
 
+def test_an_lm_run_keeps_its_start_s_mlp_permutation_unless_it_names_more_candidates():
+    """learned.DEFAULT_CANDIDATES: one candidate per MLP neuron on LMs (the start's partner), so even steps
+    that flip every other permutation leave the MLP's; a run naming more learns it."""
+    pair, kinds = rope_pair()
+    g0 = identity(pair.arch)
+    assert learned.DEFAULT_CANDIDATES == {"lm": 1, "vit": learned.CANDIDATES} and Settings().candidates is None
+    big = Settings(lr_perm=2.0, lambdas="uniform", eval_every=2)
+    res = optimise(AlignContext(pair, kinds, steps=6), g0, dual=True, steps=6, settings=big)
+    assert res["settings"]["candidates"] == 1 and sum(res["resolves"]["flips_mlp"]) == 0
+    assert res["memory"]["candidate_bytes"] == 2 * 2 * pair.arch.d_mlp * 1 * 8  # two sides, two layers, k = 1
+    for side in (res["g_a"], res["g_b"]):
+        assert all(torch.equal(el.mlp_perm, torch.arange(pair.arch.d_mlp)) for el in side.layers)
+    res = optimise(AlignContext(pair, kinds, steps=6), g0, dual=True, steps=6, settings=replace(big, candidates=4))
+    assert sum(res["resolves"]["flips_mlp"]) > 0
+
+
 def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
     pair, kinds = rope_pair()
     assert Settings().lambdas is None and learned.DEFAULT_LAMBDAS == {"lm": "narrow", "vit": "adaptive"}
@@ -301,14 +318,18 @@ def test_cli_flags_reach_the_record(tmp_path, capsys):
     args = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--points", "3", "--eval-items", "256",
             "--steps", "3", "--out", str(out)]
     assert main(args + ["--method", "learned", "--lambda-sampling", "fixed", "--patience", "2",
-                        "--time-budget", "600", "--start", "activation"]) == 0
+                        "--time-budget", "600", "--start", "activation", "--candidates", "3"]) == 0
     rec = json.loads(out.read_text())
     d = rec["alignment"]["diagnostics"]
     assert d["settings"]["lambdas"] == "fixed" and d["settings"]["patience"] == 2 and d["time_budget_s"] == 600.0
-    assert d["settings"]["start"] == "activation"
+    assert d["settings"]["start"] == "activation" and d["settings"]["candidates"] == 3
     assert d["curve"]["lambda"] == [0.5] * d["steps_done"]
     assert dict(map(tuple, rec["config"]["extra"])) == {"time_budget_s": "600.0", "lambdas": "fixed", "patience": "2",
-                                                         "start": "activation"}
+                                                         "candidates": "3", "start": "activation"}
+    assert main(args + ["--method", "dual"]) == 0
+    rec = json.loads(out.read_text())  # no --candidates: the LM default, named in the config and the settings
+    assert dict(map(tuple, rec["config"]["extra"])) == {"candidates": "1"}
+    assert rec["alignment"]["diagnostics"]["settings"]["candidates"] == 1
     capsys.readouterr()
     assert main(args[:-4] + ["--out", str(out), "--method", "weight", "--patience", "2"]) == 2  # no --steps
     assert "--patience" in capsys.readouterr().err

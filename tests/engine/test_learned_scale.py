@@ -25,7 +25,7 @@ F64 = torch.float64
 def latent_count(arch, kinds) -> int:
     """Entries of every latent of learned.Transform for the default classes (no mlp_scale)."""
     L, h, hkv, d, m, D = arch.n_layers, arch.n_heads, arch.n_kv_heads, arch.d_head, arch.d_mlp, arch.d_model
-    n = L * (h * h + m * min(m, learned.CANDIDATES) + hkv * d * d)  # Z_heads, Z_mlp (candidate graph), E_vo
+    n = L * (h * h + m * min(m, learned.DEFAULT_CANDIDATES[arch.task]) + hkv * d * d)  # Z_heads, Z_mlp (candidate graph), E_vo
     if arch.pe == "rope":  # full RoPE: one (log-modulus, phase) latent per pair, no GL(d) latent
         assert arch.rotary_dim == d
         n += L * hkv * arch.rotary_dim

@@ -53,7 +53,7 @@ def test_each_method_declares_its_options_type():
     assert {m: e.options for m, e in METHODS.items()} == {
         "naive": Options, "weight": WeightOptions, "activation": Options, "learned": LearnedOptions,
         "dual": LearnedOptions}
-    assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "start", "batch"]
+    assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "candidates", "start", "batch"]
     assert LearnedOptions.specs()["patience"].flag == "--patience"
 
 

@@ -105,7 +105,7 @@ def test_residual_dropout_acts_in_training_only_and_leaves_no_hook_on_the_kept_m
     from engine.train import residual_dropout
 
     short = replace(LM_TC, steps=4, eval_every=4)
-    plain, met0 = train(LM, 3, short, progress=False)
+    _, met0 = train(LM, 3, short, progress=False)
     dropped, met = train(LM, 3, replace(short, dropout=0.5), out=tmp_path / "m", progress=False)
     assert met["train_config"]["dropout"] == 0.5 and met["curve"] != met0["curve"]  # the same seed, other steps
     net = dropped.module
