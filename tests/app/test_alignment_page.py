@@ -200,6 +200,12 @@ def test_the_optimisation_says_its_steps_and_the_batch_a_run_chose(env):
     live["alignment"]["diagnostics"]["settings"]["batch"] = 64
     assert said(page("dual", live_runs={PAIR: {"dual": live}})).startswith(
         f"**Optimisation** ({steps:,} steps of 64 sequences, Adam")
+    live["alignment"]["diagnostics"]["settings"]["candidates"] = 1
+    assert said(page("dual", live_runs={PAIR: {"dual": live}})).endswith(
+        "The MLP permutation is the start's (one candidate per neuron); the other classes are learned.")
+    live["alignment"]["diagnostics"]["settings"]["candidates"] = 16
+    assert said(page("dual", live_runs={PAIR: {"dual": live}})).endswith(
+        "Each MLP neuron chooses among 16 candidate partners.")
 
 
 def test_a_live_run_from_the_connectivity_page_is_offered_first(env):

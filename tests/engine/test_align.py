@@ -362,8 +362,8 @@ def test_stored_records_of_the_small_lm_tier_use_the_converged_budget():
     from engine.results import RunConfig
 
     dual = cache_config("lm-learned-s0", "lm-learned-s1", "dual")
-    assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, 64, 65_536)
-    assert cache_config("lm-learned-s0", "lm-learned-s1", "learned").options.batch == 64
+    assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, None, 65_536)  # the default batch
+    assert cache_config("lm-learned-s0", "lm-learned-s1", "learned").options.given() == {}
     for a, b, m in [("lm-learned-s0", "lm-learned-s1", "weight"), ("vit-rope-s0", "vit-rope-s1", "dual"),
                     ("lm-learned-medium-s0", "lm-learned-medium-s1", "learned")]:
         assert cache_config(a, b, m) == RunConfig(a, b, m, eval_items=65_536)  # the methods' defaults
