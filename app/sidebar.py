@@ -49,11 +49,13 @@ def pair_label(a: str, b: str) -> str:
 
 
 def _size(e, sep: str) -> str:
-    """'' for the zoo's own size; ' · D 128' for a wider pair; ' · medium, 6 x 256' for the medium tier."""
+    """'' for the zoo's own size and recipe; ' · D 128' for a wider pair; ' · medium, 6 x 256' for the medium
+    tier; ' · dropout 0.1' for a pair trained with residual dropout."""
+    drop = f"{sep}dropout {e.dropout:g}" if e.dropout else ""
     if e.tier != "small":
         cfg = e.config()
-        return f"{sep}{e.tier}, {cfg.n_layers} × {cfg.d_model}"
-    return f"{sep}D {e.width}" if e.width else ""
+        return f"{sep}{e.tier}, {cfg.n_layers} × {cfg.d_model}{drop}"
+    return (f"{sep}D {e.width}" if e.width else "") + drop
 
 
 def pair_title(a: str, b: str) -> str:

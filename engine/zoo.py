@@ -3,7 +3,8 @@
 Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, the wider
 models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width), and the
 medium tier `lm-{pe}-medium-s{seed}` (the same recipe at the shape of Theus et al.'s GPT-2-style LM:
-6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone), and further seeds of a
+6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone), the recipe trained with
+residual dropout `{task}-{pe}-dropout-s{seed}` (DROPOUT: the same architecture), and further seeds of a
 recipe for the N-model study (MORE_SEEDS: `vit-learned-s2`); each holds
 config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
 (assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
@@ -35,6 +36,9 @@ QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar
 WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
 MEDIUM = {"n_layers": 6, "d_model": 256, "d_mlp": 1024}  # the medium tier's shape (4 heads, context 128 as small)
 MEDIUM_PES = ("learned", "rope")  # the reference's setting, and RoPE: the PE story at this size
+# (task, pe, rate): the recipe trained with residual dropout on every attention and MLP output (train
+# --dropout); the literature's near-zero LM barriers come from models trained with dropout, the zoo's without
+DROPOUT = (("lm", "learned", 0.1),)
 MORE_SEEDS = (("vit", "learned", 2),)  # (task, pe, seed): further seeds of a recipe, for N-model studies
 # (engine.multi); they join no pair, so every pair stays the recipe's seeds 0 and 1
 
@@ -52,6 +56,7 @@ class ZooEntry:
     seed: int
     width: int | None = None  # None: the zoo's own width (LM 128, ViT 64)
     tier: str = "small"  # "small" | "medium" (MEDIUM's shape)
+    dropout: float = 0.0  # residual dropout while training (DROPOUT); the architecture is the recipe's
 
     def config(self) -> RefConfig:
         cfg = lm_config(self.pe) if self.task == "lm" else vit_config(self.pe)
@@ -68,8 +73,10 @@ class ZooEntry:
         # almost as slowly here: 1,000 steps leave them at 1.77 and 1.56 nats/byte (RoPE 1.33, learned
         # 1.41), so they get longer budgets to reach the quality bar.
         if self.task == "vit":
-            return VIT_TRAIN
-        return replace(LM_TRAIN, steps=SLOW_PE_STEPS[self.pe], eval_every=250) if self.pe in SLOW_PE_STEPS else LM_TRAIN
+            tc = VIT_TRAIN
+        else:
+            tc = replace(LM_TRAIN, steps=SLOW_PE_STEPS[self.pe], eval_every=250) if self.pe in SLOW_PE_STEPS else LM_TRAIN
+        return replace(tc, dropout=self.dropout) if self.dropout else tc
 
     @property
     def path(self) -> Path:
@@ -82,6 +89,7 @@ ENTRIES: dict[str, ZooEntry] = {
     + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-w{w}-s{s}", task, pe, s, w) for task, pe, w in WIDE for s in SEEDS]
     + [ZooEntry(f"lm-{pe}-medium-s{s}", "lm", pe, s, tier="medium") for pe in MEDIUM_PES for s in SEEDS]
+    + [ZooEntry(f"{task}-{pe}-dropout-s{s}", task, pe, s, dropout=rate) for task, pe, rate in DROPOUT for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-s{s}", task, pe, s) for task, pe, s in MORE_SEEDS]
 }
 
@@ -106,11 +114,11 @@ def display_name(name_or_path: str | Path) -> str:
 
 
 def pairs() -> list[tuple[str, str]]:
-    """Every same-architecture pair in the zoo: same task, positional encoding, width and tier, seeds 0 and 1
+    """Every same-recipe pair in the zoo: same task, positional encoding, width, tier and dropout, seeds 0 and 1
     (MORE_SEEDS join no pair)."""
     out = []
     for a, b in combinations(ENTRIES.values(), 2):
-        if (a.task, a.pe, a.width, a.tier) == (b.task, b.pe, b.width, b.tier) and {a.seed, b.seed} <= set(SEEDS):
+        if (a.task, a.pe, a.width, a.tier, a.dropout) == (b.task, b.pe, b.width, b.tier, b.dropout) and {a.seed, b.seed} <= set(SEEDS):
             out.append((a.name, b.name))
     return out
 
@@ -153,7 +161,8 @@ def write_manifest() -> list[dict]:
             continue
         rows.append({
             "name": e.name, "task": e.task, "pe": e.pe, "seed": e.seed, "d_model": e.config().d_model,
-            "n_layers": e.config().n_layers, "tier": e.tier, "stored_dtype": met.get("stored_dtype", "float32"),
+            "n_layers": e.config().n_layers, "tier": e.tier, "dropout": e.dropout,
+            "stored_dtype": met.get("stored_dtype", "float32"),
             "parameters": met["parameters"], "test_loss": met["test_loss"],
             "test_accuracy": met["test_accuracy"], "meets_bar": (met[key] <= bar) if e.task == "lm" else (met[key] >= bar),
             "steps": met["steps"], "train_seconds": met.get("train_seconds"), "data_sha256": met.get("data_sha256"),

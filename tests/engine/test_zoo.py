@@ -23,6 +23,8 @@ NAMES = {
     "lm-learned-medium-s1": ("lm", "learned", None, "medium", 1),
     "lm-rope-medium-s0": ("lm", "rope", None, "medium", 0), "lm-rope-medium-s1": ("lm", "rope", None, "medium", 1),
     "vit-learned-s2": ("vit", "learned", None, "small", 2),
+    "lm-learned-dropout-s0": ("lm", "learned", None, "small", 0),
+    "lm-learned-dropout-s1": ("lm", "learned", None, "small", 1),
 }
 
 
@@ -57,13 +59,24 @@ def test_a_wide_entry_is_the_same_recipe_at_its_width():
         assert e.train_config() == zoo.ZooEntry(e.name, e.task, e.pe, e.seed).train_config()
 
 
+def test_a_dropout_entry_is_the_recipe_trained_with_residual_dropout():
+    for e in (x for x in zoo.ENTRIES.values() if x.dropout):
+        base = zoo.ZooEntry(e.name, e.task, e.pe, e.seed)
+        assert e.config() == base.config() and e.store_dtype == base.store_dtype  # the same architecture
+        assert e.train_config() == replace(base.train_config(), dropout=e.dropout) and 0 < e.dropout < 1
+    assert zoo.ENTRIES["lm-learned-dropout-s1"].dropout == 0.1
+    assert ("lm-learned-dropout-s0", "lm-learned-dropout-s1") in zoo.pairs()
+    assert not any({a, b} == {"lm-learned-s0", "lm-learned-dropout-s1"} for a, b in zoo.pairs())
+
+
 def test_pairs_join_seeds_of_one_architecture_only():
     pairs = zoo.pairs()
     assert ("vit-learned-w128-s0", "vit-learned-w128-s1") in pairs
     assert ("lm-learned-medium-s0", "lm-learned-medium-s1") in pairs and ("lm-learned-s0", "lm-learned-medium-s1") not in pairs
     for a, b in pairs:
         ea, eb = zoo.ENTRIES[a], zoo.ENTRIES[b]
-        assert (ea.task, ea.pe, ea.width, ea.tier) == (eb.task, eb.pe, eb.width, eb.tier) and ea.seed != eb.seed
+        assert (ea.task, ea.pe, ea.width, ea.tier, ea.dropout) == (eb.task, eb.pe, eb.width, eb.tier, eb.dropout)
+        assert ea.seed != eb.seed
     assert len(pairs) == sum(e.seed == 0 for e in zoo.ENTRIES.values())
 
 
