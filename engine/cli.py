@@ -558,7 +558,7 @@ def cache_table() -> str:
     from engine.results import cached_record
     from engine.zoo import pairs
 
-    earlier = []  # records of another config than `cache build` now computes (an earlier budget)
+    earlier = []  # records of another config than `cache build` now computes (an earlier budget or default setting)
 
     def cell(r: dict | None, suffix: str = "") -> str:
         if r is None or not isinstance(r.get("barrier" + suffix), (int, float)):
@@ -582,7 +582,7 @@ def cache_table() -> str:
         rows.append(f"| {a} / {b} | " + " | ".join(cells) + " |")
     if earlier:
         rows.append(f"\n\\* {len(earlier)} record(s) of another config than `cache build` now computes (an earlier "
-                    "budget or evaluation size); `cache build` recomputes them.")
+                    "budget, evaluation size or default setting); `cache build` recomputes them.")
     return "\n".join(rows)
 
 

@@ -699,7 +699,7 @@ def test_cache_table_marks_the_records_cache_build_would_recompute(tiny_zoo, cap
     naive, _, weight = row.split(" | ")[1:4]
     assert not naive.endswith("*") and weight.endswith(" *")
     assert out.rstrip().endswith("\\* 1 record(s) of another config than `cache build` now computes (an earlier "
-                                 "budget or evaluation size); `cache build` recomputes them.")
+                                 "budget, evaluation size or default setting); `cache build` recomputes them.")
 
 
 def test_a_bad_record_is_skipped_with_a_warning_everywhere(tiny_zoo, capsys):
