@@ -336,7 +336,7 @@ def test_a_nan_measurement_is_shown_and_written_as_null(dual, homes, capsys):
     _write(homes[1] / f"run-{RUN_ID}.json", _kept(dual | {"barrier": math.nan}))
     assert main(["cache", "table"]) == 0
     out, err = capsys.readouterr()
-    assert err == "" and f"| nan / {dual['midpoint_barrier']:.3f}" in out  # (marked * while the record is of an earlier config)
+    assert err == "" and f"| nan / {dual['midpoint_barrier']:.3f}" in out
     assert main(["runs", "show", RUN_ID, "--json"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and json.loads(out)["barrier"] is None
@@ -386,7 +386,7 @@ def test_a_record_missing_optional_fields_is_shown_whole(dual, homes, capsys):
     _write(homes[1] / f"run-{RUN_ID}.json", _kept(rec))
     assert main(["cache", "table"]) == 0
     out, err = capsys.readouterr()
-    assert err == "" and f"| {dual['barrier']:.3f} / {dual['midpoint_barrier']:.3f} *" in out  # of the earlier MLP candidates default: marked *
+    assert err == "" and f"| {dual['barrier']:.3f} / {dual['midpoint_barrier']:.3f}" in out
     assert main(["runs", "list"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and RUN_ID in out and f"{dual['barrier']:8.4f}" in out
