@@ -49,10 +49,14 @@ class Resumed:
     rng: torch.Tensor
 
 
+# fields added to TrainConfig after states were first written, with the value that means "as before": a run
+# leaving one there names the same run as a state written without it
+UNSET = {"train_bytes": None, "dropout": 0.0}
+
+
 def _identity(cfg: dict, seed: int, tc) -> dict:
-    # an optional field left at its default (train_bytes None: the whole split; dropout 0) names the same run as its absence
     return {"config": cfg, "seed": seed, "train_config": {k: v for k, v in asdict(tc).items()
-                                                          if not ((k == "train_bytes" and v is None) or (k == "dropout" and not v))}}
+                                                          if not (k in UNSET and v == UNSET[k])}}
 
 
 def save(where: Path, cfg: dict, seed: int, tc, step: int, smooth: float | None, curve: list[dict],

@@ -76,7 +76,7 @@ class ZooEntry:
             tc = VIT_TRAIN
         else:
             tc = replace(LM_TRAIN, steps=SLOW_PE_STEPS[self.pe], eval_every=250) if self.pe in SLOW_PE_STEPS else LM_TRAIN
-        return replace(tc, dropout=self.dropout) if self.dropout else tc
+        return replace(tc, dropout=self.dropout)
 
     @property
     def path(self) -> Path:
