@@ -25,6 +25,7 @@ from engine.errors import LMCError
 
 MAX_POINTS = 1001  # engine.results.MAX_POINTS, repeated so `--help` needs no torch import
 MAX_STEPS = 100_000  # engine.results.MAX_STEPS
+DTYPES = ("float32", "float64", "bfloat16")  # engine.results.DTYPE_NAMES
 
 
 class UsageError(LMCError):
@@ -786,8 +787,10 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--path", default="weights", choices=["weights", "circuits"],
                    help="weights (default): lerp the factored weights; circuits: lerp each head's QK and OV "
                         "circuits (a model with heads twice as wide), like for like with the literature")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
-                   help="the dtype both models are loaded and run in (float64: exact to 1e-12, slower)")
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
+                   help="the dtype both models are loaded and run in (float64: exact to 1e-12, slower; bfloat16: "
+                        "half float32's memory, as 1B checkpoints are stored, the aligners' products in float32 "
+                        "per block)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
     p.add_argument("--offload", action="store_true",
@@ -907,7 +910,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
     p.add_argument("--eval-items", type=_items, default=DEFAULT_EVAL_ITEMS,
                    help="scored tokens (LM) or images (ViT) per point, or 'all' (default 65,536: every test image)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the dtype both models are loaded and run in (float64: the lift exact to 1e-12, slower)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
@@ -929,7 +932,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-items", type=_items, default=8192,
                    help="scored tokens (LM) or images (ViT) per point, or 'all' (default 8,192, or every test image)")
     p.add_argument("--split", default="test", choices=["val", "test"], help="held-out split to evaluate on")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+    p.add_argument("--dtype", default="float32", choices=DTYPES,
                    help="the dtype the models are loaded and run in")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from engine.align.pair import Pair, model_for, prepare_pair
+from engine.align.run import TOLERANCE  # the endpoint check's
 from engine.align.solvers import residual_perm_of
 from engine.align.weight import weight_match
 from engine.cancel import CancelToken, check
@@ -55,7 +56,6 @@ POINTS = 5  # lambdas on each pairwise path, endpoints included (0, 0.25, 0.5, 0
 MAX_POINTS = 101
 PER_EDGE = 6  # points per edge of the triangle's barycentric grid: 6 * 7 / 2 = 21 points
 MAX_PER_EDGE = 21
-TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4}  # the endpoint check's (engine.align.run)
 SCHEMA = 1
 
 Stage = Callable[[str, int, int, str], None]  # (stage, done, total, message)

@@ -28,7 +28,7 @@ from engine.results import RunConfig, make_record, resolve_device
 from engine.timing import naive_paths, reference_gflops
 from engine.zoo import ENTRIES, display_name, resolve
 
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
 
 # Families as a reader names them; the task is added for the families that hold both kinds.

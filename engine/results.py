@@ -41,7 +41,7 @@ MAX_POINTS = 1001  # grid points on a path: 2 (the endpoints) to 1001 (steps of 
 MAX_STEPS = 100_000  # learned / dual optimisation steps
 SPLITS = ("val", "test")
 PATHS = ("weights", "circuits")  # what a path interpolates: the factored weights, or each head's circuits
-DTYPE_NAMES = ("float32", "float64")
+DTYPE_NAMES = ("float32", "float64", "bfloat16")  # bfloat16: as released 1B checkpoints are stored
 
 
 class StoreWarning(UserWarning):
