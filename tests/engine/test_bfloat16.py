@@ -1,0 +1,70 @@
+"""Runs in bfloat16 (`--dtype bfloat16`): checkpoints stored as released 1B models are (bfloat16 safetensors in
+shards with model.safetensors.index.json) stay in bfloat16 through alignment and the path; the endpoint check
+allows one bfloat16 rounding unit (2^-8) and still catches a transform outside the group."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from engine.align.run import TOLERANCE, align, endpoint_check
+from engine.cli import DTYPES, main
+from engine.errors import ExactnessError
+from engine.evaluate import evaluate, lm_eval_set
+from engine.models import hf_llama, load_model
+from engine.pipeline import DTYPES as PIPELINE_DTYPES
+from engine.pipeline import load_named
+from engine.results import DTYPE_NAMES
+
+BF16 = torch.bfloat16
+LLAMA = {"vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32, "bos_token_id": 0,
+         "eos_token_id": 0, "rope_theta": 500.0, "tie_word_embeddings": False}
+
+
+def test_the_cli_offers_the_dtypes_a_record_accepts():
+    assert tuple(DTYPES) == DTYPE_NAMES == tuple(PIPELINE_DTYPES)
+    assert TOLERANCE[BF16] == 2**-8
+
+
+def _store_sharded(seed: int, path) -> None:
+    m = hf_llama.build(LLAMA, seed=seed)
+    m.module.to(BF16).save_pretrained(path, safe_serialization=True, max_shard_size="100KB")
+
+
+@pytest.mark.slow
+def test_a_sharded_bfloat16_llama_pair_aligns_and_interpolates_in_bfloat16(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    _store_sharded(0, a)
+    _store_sharded(1, b)
+    assert (a / "model.safetensors.index.json").exists() and len(list(a.glob("*.safetensors"))) > 1
+    assert load_model(a, BF16).module.lm_head.weight.dtype == BF16
+    out = tmp_path / "r.json"
+    rc = main(["align", str(a), str(b), "--method", "weight", "--points", "3", "--eval-items", "512",
+               "--dtype", "bfloat16", "--out", str(out)])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    assert rec["config"]["dtype"] == "bfloat16" and rec["provenance"]["dtype"] == "bfloat16"
+    check = rec["endpoint_check"]
+    assert check["tolerance"] == 2**-8 and check["rel_diff"] <= 2**-8 and check["exact"]
+    assert "residual_orth" in rec["alignment"]["classes"]  # a rotation: every weight rounded to bfloat16 again
+    loss = rec["loss"]
+    assert loss[1] == pytest.approx(check["loss_b"], rel=2**-8) and rec["barrier"] >= 0
+    # the endpoints' losses are those of the bfloat16 models as stored
+    es = lm_eval_set("test", 512, n_ctx=32)
+    assert loss[0] == pytest.approx(evaluate(load_model(a, BF16), es)["loss"], rel=1e-6)
+
+
+def test_in_bfloat16_a_transform_outside_the_group_is_still_caught():
+    """On the trained RoPE LM of the zoo, in bfloat16: the RoPE group's Q/K maps move the loss by about 2e-4
+    relative (rounding), a GL(d) map on RoPE queries and keys, no symmetry, by far more than 2^-8. (On
+    untrained tiny models a GL map's loss change can stay under 2^-8: the guard sees only what the loss does.)"""
+    a, b = load_named("lm-rope-s0", "bfloat16"), load_named("lm-rope-s1", "bfloat16")
+    es = lm_eval_set("val", 1024, n_ctx=64)
+    right = align(a, b, "weight", classes=("heads", "qk"))
+    assert endpoint_check(b, right, es, evaluate(right.model_b, es)["loss"])["rel_diff"] < 1e-3
+    wrong = align(a, b, "weight", classes=("heads", "qk"), qk_structure="gl")
+    with pytest.raises(ExactnessError, match="not a symmetry"):
+        endpoint_check(b, wrong, es, evaluate(wrong.model_b, es)["loss"])
