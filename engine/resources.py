@@ -296,12 +296,26 @@ def check_run(cfg, available: int | Callable[[str | torch.device], int | None] |
     With `offload` on a GPU the device must hold the path model and the host the rest."""
     from engine.zoo import resolve
 
-    est = estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
-                       cfg.dtype, _run_device(cfg.device), tuple(cfg.classes or ()),
-                       batch=getattr(cfg.options, "batch", None))
-    if offload and est.device != "cpu":
-        for part in split_offloaded(est):
+    def estimate(dtype: str) -> Estimate:
+        return estimate_run([resolve(cfg.model_a), resolve(cfg.model_b)], cfg.method, cfg.points, cfg.eval_items,
+                            dtype, _run_device(cfg.device), tuple(cfg.classes or ()),
+                            batch=getattr(cfg.options, "batch", None))
+
+    def fits(e: Estimate) -> None:
+        for part in split_offloaded(e) if offload and e.device != "cpu" else (e,):
             check_fits(part, available=available)
-    else:
-        check_fits(est, available=available)
+
+    est = estimate(cfg.dtype)
+    try:
+        fits(est)
+    except ResourceError as e:
+        if cfg.dtype == "bfloat16":
+            raise
+        half = estimate("bfloat16")  # what a 1B checkpoint stored in bfloat16 needs kept as it is stored
+        try:
+            fits(half)
+        except ResourceError:
+            raise e from None
+        raise ResourceError(f"{e} In bfloat16 (--dtype bfloat16) it would need about "
+                            f"{fmt_bytes(half.total_bytes)}.") from None
     return est

@@ -1,6 +1,7 @@
 """What a run needs, from configs alone: meta-device shapes, the memory model, the one-sentence refusal."""
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,21 @@ def test_run_pair_refuses_before_loading(tmp_path, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ModelError):
         run_pair(cfg)
+
+
+def test_a_run_that_fits_only_in_bfloat16_is_refused_with_the_bfloat16_figure(tmp_path):
+    for s in (0, 1):
+        save_model(hf_llama.build(LLAMA_TINY, seed=s), tmp_path / f"m{s}")
+    cfg = RunConfig(str(tmp_path / "m0"), str(tmp_path / "m1"), points=3, eval_items=1024)
+    f32, bf16 = check_run(cfg), check_run(replace(cfg, dtype="bfloat16"))
+    assert bf16.total_bytes < f32.total_bytes
+    between = (bf16.total_bytes + f32.total_bytes) // 2
+    with pytest.raises(ResourceError, match=r"In bfloat16 \(--dtype bfloat16\) it would need about"):
+        check_run(cfg, available=between)
+    with pytest.raises(ResourceError) as e:  # fitting in neither: no advice
+        check_run(cfg, available=bf16.total_bytes - 1)
+    assert "bfloat16" not in str(e.value).split("(cpu")[0] and "would need" not in str(e.value)
+    assert check_run(replace(cfg, dtype="bfloat16"), available=between).dtype == "bfloat16"
 
 
 def test_available_memory_is_measured():
