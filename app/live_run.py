@@ -368,5 +368,6 @@ def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> tuple[dict[str, float
     steps = cfg.steps or api.method_steps(cfg.method, arch.task)
     return api.estimate_run(cfg.method, arch.to_dict(), size, cfg.points, steps, refs, rate,
                             train_size=api.train_items(arch.task, size),
-                            attribution_size=api.attribution_items(arch.task, size),
+                            attribution_size=0 if api.attribution_skipped(cfg.method, arch.to_dict(), size, cfg.points)
+                            else api.attribution_items(arch.task, size),
                             batch=getattr(cfg.options, "batch", None))

@@ -14,6 +14,7 @@ from __future__ import annotations
 # tolerance, the train curve's size (train_items) and the attribution's (attribution_items), the run
 # history, the phases and time estimates of a run, the memory release, the zoo manifest.
 from engine.attribution import items as attribution_items  # noqa: F401
+from engine.attribution import skipped as attribution_skipped  # noqa: F401
 
 # Runs and the stores (engine.pipeline, engine.builders).
 from engine.builders import (  # noqa: F401

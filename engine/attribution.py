@@ -59,6 +59,30 @@ def subset(es: EvalSet) -> EvalSet:
     return EvalSet(es.task, es.inputs[:n], es.targets[:n], f"{es.description}; its first {n * per:,} {unit}")
 
 
+FREE_FLOP = 1e13  # an attribution this cheap always runs: about a minute of evaluation on two CPU cores
+PATH_SHARE = 2  # ... and so does one scoring at most this many times the items of the path's own evaluations
+
+
+def skipped(method: str, arch: dict, eval_size: int, points: int) -> str | None:
+    """Why a run left at its default skips the attribution, or None to run it. It runs when it costs at most
+    FREE_FLOP or its evaluations (engine.timing.attribution_evaluations, at most `items` each) score at most
+    PATH_SHARE times the items of the path's own (`points` of `eval_size`): a zoo pair's always do (a zoo
+    LM's cost 0.4 of its default path, GPT-2-small's 1.0); a 1.1B Llama's on a 3-point path of 1,024 tokens
+    would cost 48 times the path."""
+    from engine.timing import attribution_evaluations, forward_flops
+
+    task = arch.get("task", "lm")
+    n, each = attribution_evaluations(method, arch), items(task, eval_size)
+    flop = (forward_flops(arch) or float("inf")) * n * each
+    share = n * each / (points * eval_size)
+    if flop <= FREE_FLOP or share <= PATH_SHARE:
+        return None
+    unit = "tokens" if task == "lm" else "images"
+    return (f"Barrier attribution skipped: its {n} evaluations of {each:,} {unit} would score {share:.{share < 10:d}f} "
+            f"times the {points}-point path's {points * eval_size:,} (by default it runs when it costs at most "
+            f"{PATH_SHARE} times the path's own evaluations, or about a minute).")
+
+
 def block_of(key: str) -> tuple[str, int | None, str]:
     """(block, layer, part) of a native state-dict key: ("layer 3", 3, "attention"), ("embedding", None,
     "all"), ("head", None, "all"). Works on every family's names (blocks.3., transformer.h.3., model.layers.3.)."""

@@ -129,6 +129,8 @@ def _print_attribution(rec: dict) -> None:
     """Where the midpoint barrier lives: each block alone, and what each class buys."""
     at = rec.get("attribution")
     if not at:
+        if rec.get("attribution_skipped"):
+            print(f"{rec['attribution_skipped']} --attribution runs it.")
         return
     parts: dict[str, dict[str, float]] = {}
     for r in at["blocks"]:
@@ -347,7 +349,7 @@ def cmd_interpolate(args) -> None:
     print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
     bars = _progress_bar("interpolate")
     try:
-        rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=not args.no_attribution)
+        rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=args.attribution)
     finally:
         bars.close()
     _report(rec, args.out)
@@ -391,7 +393,7 @@ def cmd_align(args) -> None:
     bars = _progress_bar(args.method)
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
-                       extrapolate=args.extrapolate, offload=args.offload, attribution=not args.no_attribution)
+                       extrapolate=args.extrapolate, offload=args.offload, attribution=args.attribution)
     finally:
         bars.close()
     _report(rec, args.out, lambda: _print_alignment(rec, args, alpha))
@@ -428,7 +430,7 @@ def cmd_widen(args) -> None:
                     eval_items=args.eval_items, seed=args.seed, device=device, dtype=args.dtype)
     bars = _progress_bar(f"widen, {args.method}")
     try:
-        rec = widen_pair(cfg, progress=bars, attribution=not args.no_attribution)
+        rec = widen_pair(cfg, progress=bars, attribution=args.attribution)
     finally:
         bars.close()
     _report(rec, args.out, lambda: _print_lift(rec, args.method))
@@ -799,9 +801,10 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=_path, default=None,
                    help="write the result record (JSON) here; checked before the run starts; an existing "
                         "file is replaced only if it is an earlier result record")
-    p.add_argument("--no-attribution", action="store_true",
-                   help="skip attributing the midpoint barrier to layers and classes (about one path's "
-                        "evaluations: 2 per layer part, 1 per class)")
+    p.add_argument("--attribution", action=argparse.BooleanOptionalAction, default=None,
+                   help="attribute the midpoint barrier to layers and classes (1 evaluation per class, 2 per "
+                        "layer part: 0.4 of a zoo pair's path); by default only when it costs at most the path's "
+                        "own evaluations, and the record says when it was skipped")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -915,8 +918,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="auto (default): cuda when torch sees a GPU, else cpu")
     p.add_argument("--out", type=_path, default=None, help="write the result record (JSON) here")
-    p.add_argument("--no-attribution", action="store_true",
-                   help="skip attributing the midpoint barrier to layers and classes")
+    p.add_argument("--attribution", action=argparse.BooleanOptionalAction, default=None,
+                   help="attribute the midpoint barrier to layers and classes (1 evaluation per class, 2 per "
+                        "layer part: 0.4 of a zoo pair's path); by default only when it costs at most the path's "
+                        "own evaluations, and the record says when it was skipped")
     p.set_defaults(fn=cmd_widen)
 
     p = sub.add_parser("multi", help="align N >= 3 models of one architecture into one basis; the barrier between every "

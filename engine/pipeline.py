@@ -197,6 +197,22 @@ def load_both(cfg: RunConfig, device: str, phases: Phases, cancel: CancelToken |
     return models[0], models[1], tick
 
 
+def add_attribution(attribution: bool | None, al, es, path: dict, points: int, extra: dict, timings: dict,
+                    phases: Phases, cancel: CancelToken | None) -> None:
+    """The record's `attribution` (engine.attribution) into `extra`: always for True, never for False, and
+    for None when it costs at most the path's own evaluations; otherwise `attribution_skipped` says why."""
+    from engine.attribution import attribute, skipped, subset
+
+    why = skipped(al.method, al.model_a.arch.to_dict(), es.size, points) if attribution is None else None
+    if attribution is False:
+        return
+    if why:
+        extra["attribution_skipped"] = why
+        return
+    extra["attribution"] = attribute(al, subset(es), path, cancel=cancel, progress=phases.phase("attribution"))
+    timings["attribution"] = extra["attribution"]["seconds"]
+
+
 def check_alpha(alpha: float, extrapolate: bool = False) -> float:
     """The position of a saved model on the path: finite, and in [0, 1] unless extrapolating on purpose
     (then within MAX_EXTRAPOLATION of the segment)."""
@@ -213,14 +229,15 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
-             cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool = True) -> dict:
+             cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
     split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set);
     `train_curve` False leaves the train curve out (the class ablation keeps test curves only).
-    `attribution` (default on) attributes the midpoint barrier to layers and, for aligned runs, to
-    the symmetry classes (engine.attribution: the record's `attribution`).
+    `attribution` attributes the midpoint barrier to layers and, for aligned runs, to the symmetry
+    classes (engine.attribution: the record's `attribution`); None (the default) does so when it costs at
+    most the path's own evaluations, and otherwise says why not (`attribution_skipped`).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
@@ -290,11 +307,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
     alignment = alignment_record(al)  # before anything below folds the models in place
     extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out}
-    if attribution and cfg.path == "weights":
-        from engine.attribution import attribute, subset
-
-        extra["attribution"] = attribute(al, subset(es), path, cancel=cancel, progress=phases.phase("attribution"))
-        timings["attribution"] = extra["attribution"]["seconds"]
+    if cfg.path == "weights":
+        add_attribution(attribution, al, es, path, cfg.points, extra, timings, phases, cancel)
     if offload:
         extra["offload"] = True
     if save_merged is not None:
@@ -396,7 +410,7 @@ def check_widen(model_a: str | Path, model_b: str | Path) -> tuple[ModelInfo, Mo
 
 
 def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: CancelToken | None = None,
-               train_curve: bool = True, attribution: bool = True) -> dict:
+               train_curve: bool = True, attribution: bool | None = None) -> dict:
     """Lift model A into model B's shape, align B onto lifted A with cfg.method, interpolate in B's width;
     the result record of run_pair plus `lift`: the widths, maps and scales of the lift and its check.
 
@@ -461,11 +475,7 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     timings = {"load": t_load, "align": al.seconds, "endpoint_check": t_check + time.perf_counter() - t1}
     alignment = alignment_record(al)
     extra: dict = {"classes": sorted(al.classes), "classes_left_out": al.left_out, "lift": lift}
-    if attribution:
-        from engine.attribution import attribute, subset
-
-        extra["attribution"] = attribute(al, subset(es), path, cancel=cancel, progress=phases.phase("attribution"))
-        timings["attribution"] = extra["attribution"]["seconds"]
+    add_attribution(attribution, al, es, path, cfg.points, extra, timings, phases, cancel)
     if cfg.method == "naive":  # the identity walked in the aligned runs' coordinates (norms folded)
         t1 = time.perf_counter()
         extra |= naive_in_aligned_coordinates(al.model_a, al.model_b, es, cfg.points, path, cancel=cancel,

@@ -406,6 +406,7 @@ RECORD_SCHEMA = {
         **{k: _whole(1, MAX_COUNT) for k in ("eval_tokens", "eval_images", "train_eval_tokens", "train_eval_images")},
         "classes": _list(_text(64), 64, what="class names"), "classes_left_out": _map(_text(), "an object of sentences"),
         "arch": _ARCH, "config": _CONFIG, "alignment": _ALIGNMENT, "attribution": _ATTRIBUTION,
+        "attribution_skipped": _text(),
         "timings": _map(_real(lo=0), "an object of seconds, each a finite number of at least 0"),
         "provenance": _obj({"engine_version": _text(64, null=True), "git_commit": _text(64, null=True),
                             "engine_modified": {"type": ["boolean", "null"], "description": "true, false or null"},

@@ -490,6 +490,8 @@ def attribution_missing(rec: dict, custom: bool = False) -> str | None:
     pair is two model directories, which only ever run live (the store holds zoo pairs)."""
     if attribution_of(rec):
         return None
+    if rec.get("attribution_skipped"):
+        return rec["attribution_skipped"] + " The CLI's `--attribution` runs it."
     if (rec.get("config") or {}).get("path", "weights") != "weights":
         return ("No barrier attribution: it is measured on the weight path, and this record walked the "
                 f"{rec['config']['path']} path.")

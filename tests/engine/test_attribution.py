@@ -7,7 +7,7 @@ import torch
 from ref_models import random_model, tiny
 
 from engine.api import run_pair
-from engine.attribution import block_of, blocks
+from engine.attribution import block_of, blocks, skipped
 from engine.models import canonical, save_model, set_canonical
 from engine.results import RunConfig
 
@@ -148,3 +148,45 @@ def test_a_tied_embedding_is_one_block_whatever_names_it_has(tmp_path):
     assert abs(rec["midpoint_barrier"]) > 1e-3
     assert rows[("embedding", "all")] == pytest.approx(rec["midpoint_barrier"], rel=1e-9)
     assert all(v == 0.0 for k, v in rows.items() if k != ("embedding", "all"))
+
+
+TINYLLAMA = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32,
+             "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048}
+
+
+def test_by_default_the_attribution_runs_unless_it_would_dwarf_the_path():
+    from engine.models import arch_from_config
+    from engine.models.io import read_config
+    from engine.zoo import resolve
+
+    for name in ("lm-learned-s0", "lm-learned-medium-s0", "vit-rope-s0"):  # every zoo pair, any path
+        arch = arch_from_config(read_config(resolve(name))).to_dict()
+        assert all(skipped(m, arch, n, k) is None for m in ("naive", "dual") for n in (360, 65_536) for k in (2, 21))
+    big = arch_from_config(TINYLLAMA).to_dict()
+    assert skipped("weight", big, 65_536, 21) is None  # 1.7 times the path's items
+    why = skipped("weight", big, 1024, 3)
+    assert why == ("Barrier attribution skipped: its 145 evaluations of 1,024 tokens would score 48 times the "
+                   "3-point path's 3,072 (by default it runs when it costs at most 2 times the path's own "
+                   "evaluations, or about a minute).")
+
+
+def test_a_skipped_attribution_is_recorded_and_said_and_can_be_forced(planted, monkeypatch, capsys):
+    from app.figures.alignment import attribution_missing
+    from engine import attribution
+    from engine.cli import main
+    from engine.results import record_problem
+
+    monkeypatch.setattr(attribution, "FREE_FLOP", 0.0)
+    monkeypatch.setattr(attribution, "PATH_SHARE", 0.5)
+    cfg = RunConfig(*planted, "weight", classes=("mlp",), points=3, eval_items=EVAL_TOKENS)
+    rec = run_pair(cfg, train_curve=False)
+    assert "attribution" not in rec and rec["attribution_skipped"].startswith("Barrier attribution skipped: its ")
+    assert record_problem(rec) is None
+    assert attribution_missing(rec).endswith("The CLI's `--attribution` runs it.")
+    assert run_pair(cfg, train_curve=False, attribution=True)["attribution"]["blocks"]
+    assert main(["align", *planted, "--method", "weight", "--classes", "mlp", "--points", "3", "--eval-items",
+                 str(EVAL_TOKENS)]) == 0
+    assert "--attribution runs it." in capsys.readouterr().out
+    assert main(["align", *planted, "--method", "weight", "--classes", "mlp", "--points", "3", "--eval-items",
+                 str(EVAL_TOKENS), "--attribution"]) == 0
+    assert "barrier attribution (midpoint barrier" in capsys.readouterr().out
