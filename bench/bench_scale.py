@@ -15,7 +15,8 @@ Tasks, each in a fresh process so that its peak memory is its own:
     weight         align(..., "weight", in_place=True): the aligner alone
     activation     align(..., "activation", in_place=True)
     learned, dual  align(..., steps=--steps, default 3), validated once, at the last step
-    run            engine.api.run_pair: load, align (weight), 3-point path on 2,048 tokens, endpoint check
+    run            engine.api.run_pair: load, align (weight), 3-point path on --eval-items tokens (2,048), endpoint
+                   check (and the train curve; the attribution when the default rule runs it)
     eval           engine.evaluate on 4,096 tokens of the bundled corpus (byte ids)
 Figures: time in units of one 2048 x 2048 float32 matmul measured in the same process (best of 5,
 before and after, averaged), resident memory as a multiple of one model's bytes (the kernel's peak, VmHWM, reset
@@ -130,7 +131,7 @@ def matmul_seconds() -> float:
 
 
 def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = None, steps: int = 3,
-            log: Path | None = None) -> dict:
+            log: Path | None = None, dtype: str = "float32", eval_items: int = 2048) -> dict:
 
     import torch
 
@@ -156,13 +157,13 @@ def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = Non
         import engine.interpolate  # noqa: F401
         from engine.models import load_model
 
-        load_model(a_dir).module.cpu()  # every adapter and transformers' lazy modules imported, then freed
+        load_model(a_dir, getattr(torch, dtype)).module.cpu()  # every adapter and transformers' lazy modules imported, then freed
         return_freed_memory()
     base = rss()
     if task != "run":
         from engine.models import load_model
 
-        a, b = load_model(a_dir), load_model(b_dir)
+        a, b = load_model(a_dir, getattr(torch, dtype)), load_model(b_dir, getattr(torch, dtype))
         base = rss()
     Path("/proc/self/clear_refs").write_text("5")  # the kernel's peak (VmHWM) restarts from the current RSS
     t0 = time.perf_counter()
@@ -190,9 +191,12 @@ def measure(task: str, a_dir: Path, b_dir: Path, classes: list[str] | None = Non
         from engine.api import run_pair
         from engine.results import RunConfig
 
-        rec = run_pair(RunConfig(str(a_dir), str(b_dir), "weight", classes=tuple(classes or ()), points=3, eval_items=2048))
+        rec = run_pair(RunConfig(str(a_dir), str(b_dir), "weight", classes=tuple(classes or ()), points=3,
+                                 eval_items=eval_items, dtype=dtype))
         out |= {"barrier": rec["barrier"], "endpoints": [rec["endpoint_loss_a"], rec["endpoint_loss_b"]],
-                "classes": rec["alignment"]["classes"]}
+                "classes": rec["alignment"]["classes"], "timings": rec["timings"],
+                "endpoint_rel_diff": rec["endpoint_check"]["rel_diff"],
+                "weight_matching": {k: rec["alignment"]["diagnostics"].get(k) for k in ("sweeps", "stop", "initial_residual")}}
     elif task == "eval":
         from engine.evaluate import evaluate, lm_eval_set
 
@@ -237,6 +241,9 @@ def main() -> None:
     ap.add_argument("--log", help="learned and dual: append each step's progress and peak memory to this file")
     ap.add_argument("--val-tokens", type=int, help="learned and dual: validation and dual-identity tokens "
                     "(default: the engine's, 4,096 and 1,024; fewer keep a 1B run's checks to minutes)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the dtype the endpoints are loaded and kept in (bfloat16: as 1B checkpoints are stored)")
+    ap.add_argument("--eval-items", type=int, default=2048, help="run: scored tokens per path point")
     ap.add_argument("--one", nargs=3, metavar=("TASK", "A", "B"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.val_tokens:
@@ -246,7 +253,8 @@ def main() -> None:
         dual.IDENTITY_ITEMS["lm"] = min(dual.IDENTITY_ITEMS["lm"], args.val_tokens)
     if args.one:
         print("RESULT " + json.dumps(measure(args.one[0], Path(args.one[1]), Path(args.one[2]), args.classes,
-                                             args.steps, Path(args.log) if args.log else None)))
+                                             args.steps, Path(args.log) if args.log else None, args.dtype,
+                                             args.eval_items)))
         return
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -258,6 +266,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", task, str(a), str(b), "--steps", str(args.steps)]
             cmd += (["--classes", *args.classes] if args.classes else []) + (["--log", args.log] if args.log else [])
             cmd += ["--val-tokens", str(args.val_tokens)] if args.val_tokens else []
+            cmd += ["--dtype", args.dtype, "--eval-items", str(args.eval_items)]
             p = subprocess.run(cmd, capture_output=True, check=False, text=True, cwd=ROOT)
             line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")]
             r = json.loads(line[-1][7:]) if line else {"task": task, "error": p.stderr.strip().splitlines()[-1:]}
