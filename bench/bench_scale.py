@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted", "tinyllama-planted")
+PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted", "tinyllama-planted", "tinyllama-indep")
 TASKS = ("weight", "activation", "learned", "dual", "run", "eval")
 LLAMA = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
          "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 256, "tie_word_embeddings": False}
