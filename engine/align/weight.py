@@ -165,6 +165,13 @@ def circuit_inner(Xa: Tensor, Ya: Tensor, Xb: Tensor, Yb: Tensor, h: int) -> Ten
     return (_blocks(Xa.mT @ Xb, h) * _blocks(Ya.mT @ Yb, h)).sum((-2, -1))  # [h, h]
 
 
+def circuit_norms(X: Tensor, Y: Tensor, h: int) -> Tensor:
+    """||X_i Y_i^T||^2 for each head [h]: circuit_inner's diagonal from the heads' own d x d Gram blocks
+    (1/h of the full Gram matrices' work)."""
+    Xh, Yh = (Z.reshape(Z.shape[0], h, -1).transpose(0, 1) for Z in (X, Y))  # [h, D, d]
+    return ((Xh.mT @ Xh) * (Yh.mT @ Yh)).sum((-2, -1))  # [h]
+
+
 def match_heads(arch: Arch, pa: Params, pb: Params, layer: int, cost: str = "squared") -> Tensor:
     """sigma [h]: A's head i takes B's head sigma(i), by the distance of their invariant circuits,
     C_ij = ||Mbar_i^A - Mbar_j^B||^2 + ||N_i^A - N_j^B||^2 (or a HEAD_COSTS variant), from Gram matrices."""
@@ -177,8 +184,8 @@ def head_cost(arch: Arch, pa: Params, pb: Params, layer: int, cost: str = "squar
     Qa, Ka, Va, Oa = head_factors(arch, pa, layer)
     Qb, Kb, Vb, Ob = head_factors(arch, pb, layer)
     cross_qk, cross_ov = circuit_inner(Qa, Ka, Qb, Kb, h), circuit_inner(Va, Oa.mT, Vb, Ob.mT, h)  # [h_A, h_B]
-    na_qk, na_ov = circuit_inner(Qa, Ka, Qa, Ka, h).diagonal(), circuit_inner(Va, Oa.mT, Va, Oa.mT, h).diagonal()
-    nb_qk, nb_ov = circuit_inner(Qb, Kb, Qb, Kb, h).diagonal(), circuit_inner(Vb, Ob.mT, Vb, Ob.mT, h).diagonal()
+    na_qk, na_ov = circuit_norms(Qa, Ka, h), circuit_norms(Va, Oa.mT, h)
+    nb_qk, nb_ov = circuit_norms(Qb, Kb, h), circuit_norms(Vb, Ob.mT, h)
     if cost == "squared":
         return (na_qk + na_ov)[:, None] + (nb_qk + nb_ov)[None] - 2 * (cross_qk + cross_ov)  # [h_A, h_B]
     if cost == "unsquared":

@@ -18,7 +18,7 @@ from ref_models import make_case, planted, tiny
 
 from engine.align.pair import storages
 from engine.align.run import align, endpoint_check
-from engine.align.weight import INIT_STEPS, WeightSettings, weight_match
+from engine.align.weight import INIT_STEPS, WeightSettings, circuit_inner, circuit_norms, weight_match
 from engine.errors import LMCError
 from engine.evaluate import eval_set_for, evaluate
 from engine.interpolate import interpolate
@@ -248,3 +248,11 @@ def test_offloaded_run_equals_the_plain_one(tmp_path):
     assert off["offload"] is True and "offload" not in plain
     assert off["loss"] == pytest.approx(plain["loss"], rel=1e-12)
     assert off["endpoint_check"]["rel_diff"] < 1e-5
+
+
+def test_head_circuit_norms_are_the_diagonal_of_the_cross_inner_products():
+    g = torch.Generator().manual_seed(0)
+    X, Y = torch.randn(33, 4 * 8, generator=g, dtype=torch.float64), torch.randn(32, 4 * 8, generator=g, dtype=torch.float64)
+    full = circuit_inner(X, Y, X, Y, 4)  # [h, h]
+    assert torch.allclose(circuit_norms(X, Y, 4), full.diagonal(), rtol=1e-14, atol=0)
+    assert not torch.allclose(circuit_norms(X, Y, 4), full.sum(1), rtol=1e-3)  # the off-diagonal blocks are left out
