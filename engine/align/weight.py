@@ -537,11 +537,11 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
     for k in (k for k in res if k in only):  # a fixed order: a set's would vary with the hash seed
         fit.add_unmoved(lin, res, k, pa, pb, wd)
     D, L = arch.d_model, arch.n_layers
-    # Keep the 3L circuits of both models while they take at most half a model's bytes in the work dtype,
-    # whatever dtype its endpoints are kept in (GPT-2-small: 170 MB; a 1.1B Llama: 2.2 GB; Llama-2-7B: 12.9 GB
-    # of 27); beyond, recompute them layer by layer at every step (each step then costs twice the products).
+    # Keep the 3L circuits of both models (what the memory estimate counts) while they take at most one model's
+    # bytes in the work dtype, whatever dtype its endpoints are kept in (GPT-2-small: 170 MB; a 1.1B Llama:
+    # 2.2 GB; Llama-2-7B: 12.9 GB of 27); beyond, recompute them at every step (twice a step's products).
     width = torch.finfo(wd).bits // 8
-    kept = 6 * L * D * D * width <= max(sum(v.numel() for v in pa.values()) * width // 2, KEEP_BYTES)
+    kept = 6 * L * D * D * width <= max(sum(v.numel() for v in pa.values()) * width, KEEP_BYTES)
 
     def circuit_pairs() -> Iterator[tuple[Tensor, Tensor]]:
         for layer in range(L):
