@@ -46,8 +46,12 @@ DEFAULT_EVAL_ITEMS = 65_536
 # default (400 steps of 16 sequences for LMs): on the small LM tier, 1,600 steps of 16 sequences. With the
 # LMs' MLP permutation kept (learned.DEFAULT_CANDIDATES) that reaches a lower barrier than 1,600 steps of 64
 # did with it learned, in a quarter of the seconds (bench/RESULTS.md, "Learning the MLP permutation"); both
-# were still falling at their ends. A record's config holds its steps and batch (None: the default batch).
-CONVERGED = {("lm", "small"): (1600, None)}
+# were still falling at their ends. On the ViT pairs, 1,600 steps (twice the interactive 800): their best
+# validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
+# 0.003, vit-sinusoidal 0.053 -> 0.032) and not from 1,600 to 3,200 (vit-rope 0.0346), for two to five minutes of
+# one core (bench/RESULTS.md, "Converged ViT records"). A record's config holds its steps and batch (None: the
+# default batch).
+CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (1600, None)}
 
 
 def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:

@@ -357,14 +357,15 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     assert len(json.loads((tmp_path / "cache" / "manifest.json").read_text())["records"]) == len(METHODS)
 
 
-def test_stored_records_of_the_small_lm_tier_use_the_converged_budget():
+def test_stored_records_of_the_small_tiers_use_the_converged_budget():
     from engine.builders import cache_config
     from engine.results import RunConfig
 
-    dual = cache_config("lm-learned-s0", "lm-learned-s1", "dual")
-    assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, None, 65_536)  # the default batch
-    assert cache_config("lm-learned-s0", "lm-learned-s1", "learned").options.given() == {}
-    for a, b, m in [("lm-learned-s0", "lm-learned-s1", "weight"), ("vit-rope-s0", "vit-rope-s1", "dual"),
+    for pair in (("lm-learned-s0", "lm-learned-s1"), ("vit-rope-s0", "vit-rope-s1")):
+        dual = cache_config(*pair, "dual")
+        assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, None, 65_536)  # the default batch
+        assert cache_config(*pair, "learned").options.given() == {}
+    for a, b, m in [("lm-learned-s0", "lm-learned-s1", "weight"), ("vit-rope-s0", "vit-rope-s1", "activation"),
                     ("lm-learned-medium-s0", "lm-learned-medium-s1", "learned")]:
         assert cache_config(a, b, m) == RunConfig(a, b, m, eval_items=65_536)  # the methods' defaults
 
