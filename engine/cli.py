@@ -803,8 +803,8 @@ def _add_path_args(p: argparse.ArgumentParser) -> None:
                         "file is replaced only if it is an earlier result record")
     p.add_argument("--attribution", action=argparse.BooleanOptionalAction, default=None,
                    help="attribute the midpoint barrier to layers and classes (1 evaluation per class, 2 per "
-                        "layer part: 0.4 of a zoo pair's path); by default only when it costs at most the path's "
-                        "own evaluations, and the record says when it was skipped")
+                        "layer part: 0.4 of a zoo pair's path); by default unless it would cost more than twice the "
+                        "path's own evaluations and more than about a minute, and the record says when it was skipped")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -920,8 +920,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=_path, default=None, help="write the result record (JSON) here")
     p.add_argument("--attribution", action=argparse.BooleanOptionalAction, default=None,
                    help="attribute the midpoint barrier to layers and classes (1 evaluation per class, 2 per "
-                        "layer part: 0.4 of a zoo pair's path); by default only when it costs at most the path's "
-                        "own evaluations, and the record says when it was skipped")
+                        "layer part: 0.4 of a zoo pair's path); by default unless it would cost more than twice the "
+                        "path's own evaluations and more than about a minute, and the record says when it was skipped")
     p.set_defaults(fn=cmd_widen)
 
     p = sub.add_parser("multi", help="align N >= 3 models of one architecture into one basis; the barrier between every "

@@ -199,13 +199,13 @@ def load_both(cfg: RunConfig, device: str, phases: Phases, cancel: CancelToken |
 
 def add_attribution(attribution: bool | None, al, es, path: dict, points: int, extra: dict, timings: dict,
                     phases: Phases, cancel: CancelToken | None) -> None:
-    """The record's `attribution` (engine.attribution) into `extra`: always for True, never for False, and
-    for None when it costs at most the path's own evaluations; otherwise `attribution_skipped` says why."""
+    """The record's `attribution` (engine.attribution) into `extra`: always for True, never for False, and for
+    None unless it would cost far more than the path (engine.attribution.skipped: `attribution_skipped` says so)."""
     from engine.attribution import attribute, skipped, subset
 
-    why = skipped(al.method, al.model_a.arch.to_dict(), es.size, points) if attribution is None else None
     if attribution is False:
         return
+    why = skipped(al.method, al.model_a.arch.to_dict(), es.size, points) if attribution is None else None
     if why:
         extra["attribution_skipped"] = why
         return
@@ -236,8 +236,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     split (engine.evaluate.train_eval_set_for: the record's train_loss, train_barrier, train_eval_set);
     `train_curve` False leaves the train curve out (the class ablation keeps test curves only).
     `attribution` attributes the midpoint barrier to layers and, for aligned runs, to the symmetry
-    classes (engine.attribution: the record's `attribution`); None (the default) does so when it costs at
-    most the path's own evaluations, and otherwise says why not (`attribution_skipped`).
+    classes (engine.attribution: the record's `attribution`); None (the default) does so unless it would
+    cost far more than the path (engine.attribution.skipped), and then says why not (`attribution_skipped`).
     Every method goes through the aligner registry (engine/align); the record then carries the
     classes used and why the others were left out (`classes`, `classes_left_out`), the alignment
     diagnostics and the endpoint exactness check; a naive record also carries its curve in the aligned
