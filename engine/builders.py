@@ -49,9 +49,11 @@ DEFAULT_EVAL_ITEMS = 65_536
 # were still falling at their ends. On the ViT pairs, 1,600 steps (twice the interactive 800): their best
 # validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
 # 0.003, vit-sinusoidal 0.053 -> 0.032) and not from 1,600 to 3,200 (vit-rope 0.0346), for two to five minutes of
-# one core (bench/RESULTS.md, "Converged ViT records"). A record's config holds its steps and batch (None: the
-# default batch).
-CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (1600, None)}
+# one core (bench/RESULTS.md, "Converged ViT records"). On the medium LM tier, 800 steps of 16: its validation
+# barrier was still falling at 400 (0.145 at step 200, 0.108 at 400), and a step costs about 2 s of one core
+# there, so 800 steps are half an hour a run and 1,600 an hour. A record's config holds its steps and batch
+# (None: the default batch).
+CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (1600, None), ("lm", "medium"): (800, None)}
 
 
 def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:
