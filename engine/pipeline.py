@@ -229,7 +229,8 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
-             cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None) -> dict:
+             cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None,
+             one_sided: dict | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
@@ -252,7 +253,8 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     `progress` hears of each phase (load, measure B, align, interpolate: engine.progress) with the
     time its current pass has left; `cancel` (engine.cancel) stops the run with Cancelled within one
     unit of work (a model loaded, an evaluation batch, a layer or step, a grid point), before
-    anything is written.
+    anything is written. `one_sided` (dual only) is a learned record's diagnostics that its comparison
+    may take instead of running it (engine.builders.one_sided_run says when that is the same run).
     """
     from engine.align import method_options
     from engine.align.run import align, alignment_record, endpoint_check
@@ -295,7 +297,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         loss_b = evaluate(model_b, es, progress=phases.phase("measure B"), cancel=cancel)["loss"]
     t_check = time.perf_counter() - t1
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
-               cancel=cancel, **cfg.options.align_kwargs())
+               cancel=cancel, one_sided=one_sided, **cfg.options.align_kwargs())
     trim_freed_memory()  # the alignment's freed scratch goes back before the path model is built
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)

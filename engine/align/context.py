@@ -33,6 +33,9 @@ class AlignContext:
     progress: Progress | None = None
     qk_structure: str | None = None  # override the spec's Q/K group ("gl"): only to test the guard
     compare_one_sided: bool = True  # dual: also run one-sided learning at the same step budget
+    # dual: a finished one-sided run of this very optimisation (a learned record's diagnostics, of the same config
+    # but the method), taken as the comparison instead of running it again when it ran as many steps as dual did
+    one_sided: dict | None = None
     time_budget_s: float | None = None  # learned, dual: also stop when this many seconds of optimisation are spent
     cancel: CancelToken | None = None  # checked before every layer / step (engine.cancel): Cancelled when set
     learned: Settings | None = None  # learned, dual: schedule, lam sampling, patience (None: the defaults)

@@ -355,6 +355,17 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     assert all("alignment" in r and "endpoint_check" in r for r in recs)
     assert recs[-1]["alignment"]["diagnostics"]["steps"] == 2
     assert len(json.loads((tmp_path / "cache" / "manifest.json").read_text())["records"]) == len(METHODS)
+    # dual's one-sided comparison is the learned record's run, taken from it: the same run as computing it anew
+    learned, dual = recs[-2]["alignment"]["diagnostics"], recs[-1]["alignment"]["diagnostics"]
+    taken = dual["one_sided_same_budget"]
+    assert taken["from_learned_record"] and taken["history"] == learned["history"]
+    (tmp_path / "cache" / "lm-rope-s0__lm-rope-s1__learned.json").unlink()
+    anew = build_cache(methods=["dual"], eval_items=256, only=[("lm-rope-s0", "lm-rope-s1")], force=True)
+    ran = anew[0]["alignment"]["diagnostics"]["one_sided_same_budget"]
+    assert not ran["from_learned_record"]
+    assert {k: v for k, v in ran["history"].items() if k != "seconds"} == {
+        k: v for k, v in taken["history"].items() if k != "seconds"}
+    assert ran["best_val_barrier"] == taken["best_val_barrier"] and anew[0]["barrier"] == recs[-1]["barrier"]
 
 
 def test_stored_records_of_the_small_tiers_use_the_converged_budget():
