@@ -368,16 +368,17 @@ def test_build_cache_accepts_every_method(tmp_path, monkeypatch):
     assert ran["best_val_barrier"] == taken["best_val_barrier"] and anew[0]["barrier"] == recs[-1]["barrier"]
 
 
-def test_stored_records_of_the_small_tiers_use_the_converged_budget():
+def test_stored_records_use_each_tiers_converged_budget():
     from engine.builders import cache_config
     from engine.results import RunConfig
 
-    for pair in (("lm-learned-s0", "lm-learned-s1"), ("vit-rope-s0", "vit-rope-s1")):
+    for pair, steps in ((("lm-learned-s0", "lm-learned-s1"), 1600), (("vit-rope-s0", "vit-rope-s1"), 1600),
+                        (("lm-rope-medium-s0", "lm-rope-medium-s1"), 800)):
         dual = cache_config(*pair, "dual")
-        assert (dual.steps, dual.options.batch, dual.eval_items) == (1600, None, 65_536)  # the default batch
+        assert (dual.steps, dual.options.batch, dual.eval_items) == (steps, None, 65_536)  # the default batch
         assert cache_config(*pair, "learned").options.given() == {}
     for a, b, m in [("lm-learned-s0", "lm-learned-s1", "weight"), ("vit-rope-s0", "vit-rope-s1", "activation"),
-                    ("lm-learned-medium-s0", "lm-learned-medium-s1", "learned")]:
+                    ("lm-learned-medium-s0", "lm-learned-medium-s1", "naive")]:
         assert cache_config(a, b, m) == RunConfig(a, b, m, eval_items=65_536)  # the methods' defaults
 
 
