@@ -6,7 +6,6 @@ names."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -135,12 +134,7 @@ def one_sided_run(cfg: RunConfig, root: Path | None = None) -> dict | None:
     if cfg.method != "dual" or "time_budget_s" in cfg.options.given():
         return None
     rec = cached_record(cfg.model_a, cfg.model_b, "learned", root or cache_dir())
-    if rec is None:
-        return None
-    mine = json.loads(json.dumps(final_config(cfg, ENTRIES[cfg.model_a].task).to_dict()))
-    if {k: v for k, v in mine.items() if k != "method"} != {k: v for k, v in rec["config"].items() if k != "method"}:
-        return None
-    return rec["alignment"]["diagnostics"]
+    return rec["alignment"]["diagnostics"] if rec is not None and is_current(rec, replace(cfg, method="learned")) else None
 
 
 PLANE_METHOD = "weight"  # the store's planes: data-free, seconds per pair, the classic picture
