@@ -6,6 +6,8 @@ names."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -120,10 +122,20 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     if log:
         log(f"cache: {len(out)} record(s) up to date, {len(todo)} to compute")
     for cfg in tqdm(todo, desc="cache", disable=not todo):
-        rec = run_pair(cfg, one_sided=one_sided_run(cfg, root))
+        # learned and dual optimisations keep a resumable state there: a killed build resumes mid-run
+        ck = state_dir(cfg, root)
+        rec = run_pair(cfg, one_sided=one_sided_run(cfg, root), checkpoint=ck)
         store(rec, root)
+        shutil.rmtree(ck, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the states' folder too, once no other run's state is in it
+            ck.parent.rmdir()
         out.append(rec)
     return out
+
+
+def state_dir(cfg: RunConfig, root: Path) -> Path:
+    """Where `cache build`'s run of `cfg` keeps its resumable optimisation state until its record is stored."""
+    return root / ".states" / f"{cfg.model_a}__{cfg.model_b}__{cfg.method}"
 
 
 def one_sided_run(cfg: RunConfig, root: Path | None = None) -> dict | None:

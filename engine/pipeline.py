@@ -230,7 +230,7 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
              cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None,
-             one_sided: dict | None = None) -> dict:
+             one_sided: dict | None = None, checkpoint: str | Path | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
@@ -255,6 +255,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     unit of work (a model loaded, an evaluation batch, a layer or step, a grid point), before
     anything is written. `one_sided` (dual only) is a learned record's diagnostics that its comparison
     may take instead of running it (engine.builders.one_sided_run says when that is the same run).
+    `checkpoint`: a directory where learned and dual matching keep a resumable state, so that the same run
+    started again after an interruption resumes at its last validation check (engine.align.resume); the
+    caller deletes it once the record is stored.
     """
     from engine.align import method_options
     from engine.align.run import align, alignment_record, endpoint_check
@@ -296,8 +299,11 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         model_b = LinearPath(b, b, offload=True, device=device).at(1.0) if offload else b
         loss_b = evaluate(model_b, es, progress=phases.phase("measure B"), cancel=cancel)["loss"]
     t_check = time.perf_counter() - t1
+    from engine.align.resume import Checkpoint
+
+    ck = Checkpoint(Path(checkpoint), cfg.hash()) if checkpoint is not None else None
     al = align(a, b, cfg.method, cfg.classes, cfg.steps, cfg.seed, in_place=True, progress=phases.phase("align"),
-               cancel=cancel, one_sided=one_sided, **cfg.options.align_kwargs())
+               cancel=cancel, one_sided=one_sided, checkpoint=ck, **cfg.options.align_kwargs())
     trim_freed_memory()  # the alignment's freed scratch goes back before the path model is built
     n_paths = naive_paths(a.arch) if cfg.method == "naive" else 1  # naive: also in the aligned coordinates
     tick = phases.phase("interpolate", n_paths * cfg.points)

@@ -343,6 +343,7 @@ _DIAGNOSTICS = _obj({
                                           "peak_rss_bytes", "peak_rss_bytes_before")} | {"dtype": _text(64)}),
     "resolves": _map(_reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT), "an object of lists of whole numbers"),
     "permutation_solves": _map(_whole(), "an object of whole numbers"),
+    "resumed_at": _reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT),
     "settings": _map({"type": ["string", "number", "boolean", "null"], "finite": True, "maxLength": MAX_TEXT},
                      "an object of settings, each text, a finite number, true, false or null"),
 })

@@ -18,6 +18,7 @@ from engine.progress import Progress
 from engine.symmetry import GroupElement, identity
 
 if TYPE_CHECKING:
+    from engine.align.resume import Checkpoint
     from engine.align.learned import Settings
     from engine.align.weight import WeightSettings
 
@@ -40,6 +41,7 @@ class AlignContext:
     cancel: CancelToken | None = None  # checked before every layer / step (engine.cancel): Cancelled when set
     learned: Settings | None = None  # learned, dual: schedule, lam sampling, patience (None: the defaults)
     weight: WeightSettings | None = None  # weight: head cost, MLP score, residual weighting (None: the defaults)
+    checkpoint: Checkpoint | None = None  # learned, dual: keep a resumable state there (engine.align.resume)
 
 
 @dataclass

@@ -109,7 +109,7 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
         taken = ctx.one_sided is not None and ctx.one_sided["steps"] == done
         # the same optimisation, data and lam sequence as a learned run of `done` steps: an equal one is taken
         one = ctx.one_sided if taken else optimise(
-            ctx, g0, dual=False, steps=done,
+            ctx, g0, dual=False, steps=done, phase="one_sided",
             progress=relabel(ctx.progress, "one-sided comparison: ", offset=done, total=2 * done))
         info["one_sided_same_budget"] = {"from_learned_record": taken,
             "steps": res["steps_done"], "best_val_midpoint_loss": one["best_val_midpoint_loss"],

@@ -69,6 +69,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from engine import distributed
+from engine.align import resume
 from engine.align.activation import ACT_BATCH, activation_match
 from engine.align.batches import train_batches, val_batch
 from engine.align.context import F64, AlignContext, AlignOutput, tick
@@ -860,7 +861,8 @@ def relative(arch: Arch, g_a: GroupElement | None, g_b: GroupElement) -> GroupEl
 def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
              time_budget_s: float | None = None, progress: Progress | None = None,
              settings: Settings | None = None,
-             on_check: Callable[[int, GroupElement | None, GroupElement], None] | None = None) -> dict:
+             on_check: Callable[[int, GroupElement | None, GroupElement], None] | None = None,
+             phase: str | None = None) -> dict:
     """Adam on the latents of B's transform (and A's, if dual) on the interpolated task loss.
 
     Runs `steps` steps, or fewer when `time_budget_s` seconds of optimisation run out (checked
@@ -873,6 +875,10 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     path), the
     history, the curve, the steps done and the memory it took: latent and Adam-state bytes, and the
     process's peak resident memory (getrusage) before and after, or the CUDA allocator's peak on a GPU.
+
+    With ctx.checkpoint set, the state is written at every validation check under `phase` (default "dual"
+    or "learned") and an interrupted run of the same config resumes from it (engine.align.resume); a
+    finished optimisation's result is returned from its state without running again.
     """
     pair, kinds = ctx.pair, ctx.classes
     arch, spec = pair.arch, pair.spec
@@ -881,6 +887,13 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     st = replace(st, lambdas=st.lambdas or DEFAULT_LAMBDAS[arch.task], candidates=st.candidates or DEFAULT_CANDIDATES[arch.task])
     progress = progress or ctx.progress
     name = "dual matching" if dual else "learned matching"
+    ck, phase = ctx.checkpoint, phase or ("dual" if dual else "learned")
+    # what makes it this optimisation beyond the run's config: a state of any other is not resumed
+    ident = {"dual": dual, "steps": steps, "time_budget_s": time_budget_s, "settings": asdict(st), "seed": ctx.seed,
+             "batch": st.batch or ctx.batch, "classes": sorted(kinds)}
+    state = resume.load(ck, phase, ident) if ck is not None else None
+    if state is not None and state.meta.get("finished"):
+        return finished_result(state, arch.n_layers, dual)
     tw = twin(pair.model_a)
     xv, yv = val_batch(arch, VAL_ITEMS[arch.task])
     check_twin(pair.model_a, tw, xv[:2])
@@ -895,13 +908,20 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     pb = {k: v.detach().to(ref.device) for k, v in pair.params_b.items()}
     keys = list(pa)
     has_mlp = "mlp" in kinds
-    side_b = Transform(arch, spec, kinds, g0_b, dtype,
-                       mlp_candidates(spec, pa, pb, g0_b, st.candidates) if has_mlp else None)
-    side_a = None
-    if dual:  # A's latent scores A's neurons against B moved by its start
-        start = identity(arch)
-        side_a = Transform(arch, spec, kinds, start, dtype,
-                           mlp_candidates(spec, pb, pa, start, st.candidates, g_ref=g0_b) if has_mlp else None)
+    if state is not None:  # the start and candidates it ran from, as saved
+        L = arch.n_layers
+        side_b = Transform(arch, spec, kinds, resume.element_from(state.tensors, "b.g0.", L), dtype,
+                           [state.tensors[f"b.cand.{i}"] for i in range(L)] if has_mlp else None)
+        side_a = Transform(arch, spec, kinds, resume.element_from(state.tensors, "a.g0.", L), dtype,
+                           [state.tensors[f"a.cand.{i}"] for i in range(L)] if has_mlp else None) if dual else None
+    else:
+        side_b = Transform(arch, spec, kinds, g0_b, dtype,
+                           mlp_candidates(spec, pa, pb, g0_b, st.candidates) if has_mlp else None)
+        side_a = None
+        if dual:  # A's latent scores A's neurons against B moved by its start
+            start = identity(arch)
+            side_a = Transform(arch, spec, kinds, start, dtype,
+                               mlp_candidates(spec, pb, pa, start, st.candidates, g_ref=g0_b) if has_mlp else None)
     sides = [s for s in (side_a, side_b) if s is not None]
     latents = [p for s in sides for p in s.parameters()]
     groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]
@@ -981,8 +1001,68 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     every = st.eval_every or max(1, steps // EVALS)
     done, loss, stopped, waited = 0, float("nan"), "steps", 0
     next_check = 1 / EVALS  # under a time budget a check also comes at every EVALS-th of the budget
+    resumed_at: list[int] = []
     t_opt = tick()
-    for step in range(1, steps + 1 if opt else 1):
+    named = {"a": side_a, "b": side_b}
+
+    def save_state(finished: bool = False, result: dict | None = None) -> None:
+        if ck is None or not distributed.is_main():
+            return
+        tensors: dict[str, Tensor] = {}
+        for tag, s in named.items():
+            if s is None:
+                continue
+            tensors |= {f"{tag}.latent.{k}": v for k, v in s.state_dict().items()}
+            tensors |= resume.element_tensors(s.g0, f"{tag}.g0.")
+            tensors |= {f"{tag}.head_perm.{i}": p for i, p in enumerate(s.head_perms)}
+            tensors |= {f"{tag}.mlp_perm.{i}": p for i, p in enumerate(s.mlp_perms)}
+            tensors |= {f"{tag}.cand.{i}": c for i, c in enumerate(getattr(s, "mlp_cand", []))}
+            if hasattr(s, "res_perm"):
+                tensors[f"{tag}.res_perm"] = s.res_perm
+        for tag, g in zip("ab", best):
+            if g is not None:
+                tensors |= resume.element_tensors(g, f"best.{tag}.")
+        osd = opt.state_dict() if opt else {"state": {}, "param_groups": []}
+        for idx, st_ in osd["state"].items():
+            tensors |= {f"opt.{idx}.{k}": v if isinstance(v, Tensor) else torch.tensor(v) for k, v in st_.items()}
+        meta = {"step": done, "finished": finished, "loss": loss, "best_val": best_val, "best_mid": best_mid,
+                "best_step": best_step, "solved_at": solved_at, "anchor": anchor, "worst_lam": worst_lam,
+                "waited": waited, "next_check": next_check, "history": history, "curve": curve, "solves": solves,
+                "resolves": resolves, "resumed_at": resumed_at, "rng": list(rng.getstate()), "seconds": clock(),
+                "opt_seconds": t_opt(), "param_groups": osd["param_groups"]}
+        if result is not None:
+            meta["result"] = {k: v for k, v in result.items() if k not in ("g_a", "g_b")}
+        resume.save(ck, phase, ident, meta, tensors)
+
+    if state is not None:
+        m, t = state.meta, state.tensors
+        for tag, s in named.items():
+            if s is None:
+                continue
+            s.load_state_dict(state.part(f"{tag}.latent."))
+            s.head_perms = [t[f"{tag}.head_perm.{i}"] for i in range(arch.n_layers)]
+            s.mlp_perms = [t[f"{tag}.mlp_perm.{i}"] for i in range(arch.n_layers)]
+            if hasattr(s, "res_perm"):
+                s.res_perm = t[f"{tag}.res_perm"]
+        best = tuple(resume.element_from(t, f"best.{tag}.", arch.n_layers) if f"best.{tag}.residual" in t else None
+                     for tag in "ab")
+        if opt:
+            opt_state: dict[int, dict] = {}
+            for k, v in state.part("opt.").items():
+                idx, key = k.split(".", 1)
+                opt_state.setdefault(int(idx), {})[key] = v
+            opt.load_state_dict({"state": opt_state, "param_groups": m["param_groups"]})
+        done, loss, best_val, best_mid, best_step = m["step"], m["loss"], m["best_val"], m["best_mid"], m["best_step"]
+        solved_at, anchor, worst_lam, waited, next_check = (m["solved_at"], m["anchor"], m["worst_lam"], m["waited"],
+                                                             m["next_check"])
+        history, curve, solves, resolves = m["history"], m["curve"], m["solves"], m["resolves"]
+        resumed_at = m["resumed_at"] + [done]
+        version, internal, gauss = m["rng"]
+        rng.setstate((version, tuple(internal), gauss))
+        for _ in range(done):  # the batch stream is a function of the seed: draw it up to the step reached
+            next(batches)
+        clock, t_opt = shifted(m["seconds"]), shifted(m["opt_seconds"])
+    for step in range(done + 1, steps + 1 if opt else 1):
         check(ctx.cancel, f"{name}, step {step}/{steps}")
         now = distributed.agree(clock())  # process 0's clock decides for all (engine.distributed)
         if time_budget_s is not None and now >= time_budget_s:
@@ -1032,6 +1112,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             if st.patience is not None and waited >= st.patience and step < steps:
                 stopped = "patience"
                 break
+            save_state()
     if done and history["step"][-1] != done:  # stopped by the time budget between two checks
         validate(done, loss)
     opt_seconds = t_opt()
@@ -1047,16 +1128,32 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     }
     if cuda:
         memory["cuda_peak_bytes"] = torch.cuda.max_memory_allocated(ref.device)
-    return {"g_a": best[0], "g_b": best[1], "best_step": best_step, "best_val_midpoint_loss": best_mid,
-            "best_val_barrier": best_val,
-            "history": history, "curve": curve, "resolves": resolves, "settings": asdict(st),
-            "steps": steps, "steps_done": done, "stopped": stopped,
-            "time_budget_s": time_budget_s, "resolve_every": RESOLVE_EVERY, "permutation_solves": solves,
-            "seconds_per_step": opt_seconds / done if done else None, "memory": memory}
+    result = {"g_a": best[0], "g_b": best[1], "best_step": best_step, "best_val_midpoint_loss": best_mid,
+              "best_val_barrier": best_val,
+              "history": history, "curve": curve, "resolves": resolves, "settings": asdict(st),
+              "steps": steps, "steps_done": done, "stopped": stopped,
+              "time_budget_s": time_budget_s, "resolve_every": RESOLVE_EVERY, "permutation_solves": solves,
+              "seconds_per_step": opt_seconds / done if done else None, "memory": memory, "resumed_at": resumed_at}
+    save_state(finished=True, result=result)
+    return result
+
+
+def shifted(base: float) -> Callable[[], float]:
+    """A stopwatch that starts at `base` seconds (a resumed run's clock)."""
+    t = tick()
+    return lambda: base + t()
+
+
+def finished_result(state: resume.State, n_layers: int, dual: bool) -> dict:
+    """The result of an optimisation that finished before its run was interrupted, from its state."""
+    t = state.tensors
+    g_a = resume.element_from(t, "best.a.", n_layers) if dual else None
+    return state.meta["result"] | {"g_a": g_a, "g_b": resume.element_from(t, "best.b.", n_layers)}
 
 
 RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "permutation_solves", "best_step",
-          "best_val_midpoint_loss", "best_val_barrier", "seconds_per_step", "memory", "history", "curve", "resolves", "settings")
+          "best_val_midpoint_loss", "best_val_barrier", "seconds_per_step", "memory", "resumed_at", "history", "curve",
+          "resolves", "settings")
 
 
 def starting_element(ctx: AlignContext) -> GroupElement:

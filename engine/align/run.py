@@ -19,6 +19,7 @@ from engine.align.context import F64, AlignContext, AlignOutput, tick
 from engine.align.diagnostics import describe_element, matching_costs, rounded
 from engine.align.learned import Settings, step_budget
 from engine.align.pair import Pair, model_for, prepare_pair, write_params
+from engine.align.resume import Checkpoint
 from engine.align.solvers import single_thread
 from engine.align.weight import SMALL_MODEL, WeightSettings, head_cost, neurons
 from engine.cancel import CancelToken
@@ -58,7 +59,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
           steps: int = 0, seed: int = 0, progress: Progress | None = None, qk_structure: str | None = None,
           compare_one_sided: bool = True, in_place: bool = False, cancel: CancelToken | None = None,
           time_budget_s: float | None = None, learned: Settings | None = None,
-          weight: WeightSettings | None = None, one_sided: dict | None = None) -> Aligned:
+          weight: WeightSettings | None = None, one_sided: dict | None = None,
+          checkpoint: Checkpoint | None = None) -> Aligned:
     """Move B onto A with `method`, restricted to `classes` (() = the method's default for the model,
     engine.classes.choose_classes).
 
@@ -71,7 +73,8 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     computed (its norms possibly folded). `time_budget_s` and `learned` (engine.align.learned.Settings:
     schedule, lam sampling, patience) apply to learned and dual matching; `weight`
     (engine.align.weight.WeightSettings: head cost, MLP score, residual weighting) to weight matching.
-    `one_sided` is dual's comparison run where it was already made (AlignContext.one_sided).
+    `one_sided` is dual's comparison run where it was already made (AlignContext.one_sided); `checkpoint`
+    where learned and dual matching keep their resumable state (engine.align.resume).
     """
     t = tick()
     check_same_architecture(a, b)
@@ -84,7 +87,7 @@ def align(a: Model, b: Model, method: str = "weight", classes: tuple[str, ...] |
     steps = step_budget(steps, time_budget_s, entry.steps(a.arch.task))
     ctx = AlignContext(pair, kinds, steps, seed, progress=progress, qk_structure=qk_structure,
                        compare_one_sided=compare_one_sided, cancel=cancel, time_budget_s=time_budget_s, learned=learned,
-                       weight=weight, one_sided=one_sided)
+                       weight=weight, one_sided=one_sided, checkpoint=checkpoint)
     out = entry.fn(ctx)
     if method == "naive":
         return Aligned(method, kinds, pair, out, pair.model_a, pair.model_b, pair.params_b, t(), costs_before,
