@@ -166,8 +166,8 @@ def train(cfg: RefConfig, seed: int, tc: TrainConfig | None = None, out: Path | 
         start, elapsed, smooth, curve = resumed.step, resumed.elapsed, resumed.smooth, resumed.curve
         best = (resumed.best_loss, resumed.best_step, resumed.best)
     t0 = time.perf_counter() - elapsed
-    bar = tqdm(range(start, tc.steps), desc=f"train {cfg.task}-{cfg.pe}-s{seed}", disable=not progress,
-               initial=start, total=tc.steps)
+    label = out.name if out is not None else f"{cfg.task}-{cfg.pe}-s{seed}"  # a zoo model's own name
+    bar = tqdm(range(start, tc.steps), desc=f"train {label}", disable=not progress, initial=start, total=tc.steps)
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, tc)
