@@ -7,7 +7,6 @@ names."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -92,7 +91,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
     """
     from tqdm import tqdm
 
-    from engine.align import METHODS, method_entry
+    from engine.align import METHODS, method_entry, resume
 
     methods = list(methods or METHODS)
     for m in methods:
@@ -126,7 +125,7 @@ def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAU
         ck = state_dir(cfg, root)
         rec = run_pair(cfg, one_sided=one_sided_run(cfg, root), checkpoint=ck)
         store(rec, root)
-        shutil.rmtree(ck, ignore_errors=True)
+        resume.clear(ck)
         with contextlib.suppress(OSError):  # the states' folder too, once no other run's state is in it
             ck.parent.rmdir()
         out.append(rec)

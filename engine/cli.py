@@ -384,7 +384,8 @@ def cmd_align(args) -> None:
     from engine.resources import check_run, describe
 
     _check_steps(args)
-    _, device = _check_pair_args(args)
+    inputs, device = _check_pair_args(args)
+    state = _check_resume(args, inputs)
     if _encoders(args, args.method, device):
         return
     alpha = 0.5 if args.alpha is None else args.alpha
@@ -393,10 +394,27 @@ def cmd_align(args) -> None:
     bars = _progress_bar(args.method)
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
-                       extrapolate=args.extrapolate, offload=args.offload, attribution=args.attribution)
+                       extrapolate=args.extrapolate, offload=args.offload, attribution=args.attribution,
+                       checkpoint=state)
     finally:
         bars.close()
     _report(rec, args.out, lambda: _print_alignment(rec, args, alpha))
+    if state is not None and _rank_zero():  # the record is out: the state has served
+        from engine.align.resume import clear
+
+        clear(state)
+
+
+def _check_resume(args, inputs: list[Path]) -> Path | None:
+    """--resume: learned or dual matching only, a directory that is new or holds only an alignment state."""
+    if args.resume is None:
+        return None
+    if args.method not in ("learned", "dual"):
+        raise LMCError(f"--resume keeps the state of learned and dual matching; {args.method} has no optimisation "
+                       "to resume.")
+    from engine.align.resume import check_dir
+
+    return check_dir(args.resume, tuple(inputs))
 
 
 def _print_alignment(rec: dict, args, alpha: float) -> None:
@@ -855,6 +873,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--extrapolate", action="store_true", help="allow --alpha outside [0, 1]")
     p.add_argument("--overwrite", action="store_true",
                    help="let --save-merged write into a non-empty directory the tool did not create")
+    p.add_argument("--resume", type=_path, default=None, metavar="DIR",
+                   help="learned, dual: keep the optimisation's state in DIR at every validation check; the same "
+                        "command run again after an interruption resumes there, to the same result; the state is "
+                        "deleted when the run finishes")
     p.set_defaults(fn=cmd_align)
 
     p = sub.add_parser("plane", help="the loss over the plane through A, B and B aligned (a contour map's data)")

@@ -11,7 +11,8 @@ step the tensors hold, so a state torn between the two writes is recognised and 
 unpickled. A state is resumed only by the run it names (`Checkpoint.run`: the record's config hash)
 and the same optimisation (`identity`); anything else starts from step 0 and is replaced. A finished
 optimisation keeps its state, marked finished, so that a run killed in a later phase does not redo it;
-the checkpoint's owner deletes the directory once the record is stored (`cache build` does).
+the checkpoint's owner deletes the state once the record is stored (`clear`: `cache build` and `align
+--resume` do).
 
 The resumed run is the uninterrupted run: the training batches are drawn again up to the step reached
 (their order is a function of the seed alone) and everything else is restored, so histories and the
@@ -20,7 +21,9 @@ element agree bit for bit at the same thread count (tests/engine/test_resume.py)
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +33,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from engine.models.io import write_file_atomic, write_json_atomic
+from engine.errors import LMCError
+from engine.models.io import remove_stale, write_file_atomic, write_json_atomic
 from engine.symmetry import GroupElement, LayerElement
 
 VERSION = 1
+PHASES = ("learned", "dual", "one_sided")  # the optimisations a run may hold: learned, dual and its comparison
+OWN_FILES = frozenset(f"{phase}{suffix}" for phase in PHASES for suffix in (".json", ".safetensors"))  # all a state holds
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,43 @@ class State:
 
 def _files(ck: Checkpoint, phase: str) -> tuple[Path, Path]:
     return ck.where / f"{phase}.json", ck.where / f"{phase}.safetensors"
+
+
+def check_dir(path: str | Path, inputs: tuple[Path, ...] = (), name: str = "--resume") -> Path:
+    """A directory for a run's state, checked before any work: new, or a directory holding only state files
+    (an earlier run's, resumed or replaced), not an input model's directory, writable."""
+    path = Path(path)
+    label = f"{name} {path}"
+    target = Path(os.path.realpath(path))
+    if any(Path(os.path.realpath(d)) == target for d in inputs):
+        raise LMCError(f"{label} is an input model directory; keep the run's state somewhere else.")
+    if os.path.lexists(target):
+        if not target.is_dir():
+            raise LMCError(f"{label} exists and is not a directory.")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise LMCError(f"{label} is not writable.")
+        remove_stale(target)  # temporary files of a write that a kill interrupted
+        foreign = sorted(p.name for p in target.iterdir() if p.name not in OWN_FILES or not p.is_file())
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+            raise LMCError(f"{label} holds files that are not an alignment state ({shown}); choose a new or "
+                           "empty directory.")
+        return target
+    parent = target.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise LMCError(f"{label} cannot be created: {parent} is not a writable directory.")
+    return target
+
+
+def clear(where: Path) -> None:
+    """Delete a run's state files (its record is stored) and the directory once nothing else is in it."""
+    for name in OWN_FILES:
+        (where / name).unlink(missing_ok=True)
+    remove_stale(where)
+    with contextlib.suppress(OSError):
+        where.rmdir()
 
 
 def save(ck: Checkpoint, phase: str, identity: dict, meta: dict, tensors: dict[str, Tensor]) -> None:

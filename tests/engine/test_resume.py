@@ -146,3 +146,47 @@ def test_cache_build_resumes_a_killed_dual_run_and_deletes_its_state(tmp_path, m
     assert d["history"]["val_barrier"] == d0["history"]["val_barrier"]
     assert rec["barrier"] == whole["barrier"] and rec["alignment"]["element"] == whole["alignment"]["element"]
     assert not (tmp_path / "killed" / ".states").exists()
+
+
+def test_align_resume_resumes_a_killed_cli_run_and_refuses_what_is_not_a_state_in_one_sentence(tmp_path, monkeypatch,
+                                                                                               capsys):
+    from engine.cli import main
+    from engine.models import save_model
+    from engine.models.reference import build
+
+    for s in (0, 1):
+        save_model(build(byte_tiny(pe="rope", n_ctx=32), seed=s), tmp_path / f"m{s}")
+    run = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "learned", "--steps", "6",
+           "--eval-items", "256", "--points", "3", "--no-attribution"]
+    assert main(run + ["--out", str(tmp_path / "whole.json")]) == 0
+    real_save = resume.save
+
+    def save_then_die(ck, phase, identity, meta, tensors):
+        real_save(ck, phase, identity, meta, tensors)
+        if meta["step"] == 3:
+            raise Killed
+
+    monkeypatch.setattr(resume, "save", save_then_die)
+    state = tmp_path / "state"
+    assert main(run + ["--resume", str(state), "--out", str(tmp_path / "r.json")]) != 0  # the run dies at step 3
+    assert sorted(p.name for p in state.iterdir()) == ["learned.json", "learned.safetensors"]
+    monkeypatch.setattr(resume, "save", real_save)
+    assert main(run + ["--resume", str(state), "--out", str(tmp_path / "r.json")]) == 0
+    rec, whole = (json.loads((tmp_path / f).read_text()) for f in ("r.json", "whole.json"))
+    d, d0 = rec["alignment"]["diagnostics"], whole["alignment"]["diagnostics"]
+    assert d["resumed_at"] == [3] and d0["resumed_at"] == []
+    assert d["history"]["val_barrier"] == d0["history"]["val_barrier"] and rec["barrier"] == whole["barrier"]
+    assert not state.exists()  # deleted with the run's end
+    capsys.readouterr()
+    # refused before any work, in one sentence: a method without an optimisation, a file, a directory of other files
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "mine.txt").write_text("keep")
+    weight = ["align", str(tmp_path / "m0"), str(tmp_path / "m1"), "--method", "weight", "--resume", str(state)]
+    for args, says in ((weight, "weight has no optimisation"),
+                       (run + ["--resume", str(tmp_path / "whole.json")], "is not a directory"),
+                       (run + ["--resume", str(tmp_path / "notes")], "holds files that are not an alignment state (mine.txt)"),
+                       (run + ["--resume", str(tmp_path / "m0")], "is an input model directory")):
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    assert (tmp_path / "notes" / "mine.txt").read_text() == "keep"
