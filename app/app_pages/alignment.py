@@ -312,6 +312,17 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
                     f"excess over the chord at λ = 0.1, 0.3, …, 0.9), step {d['best_step']}, "
                     f"{d['best_val_barrier']:.4f} {unit}.{mlp}")
         charts.show(alignment_figs.history_figure(d, method, unit, names), key="history_chart")
+        notes = []
+        if (d.get("one_sided_same_budget") or {}).get("from_learned_record"):
+            notes.append("The dashed one-sided run is the stored learned record's: the very optimisation this "
+                         "comparison runs (same start, data, λ draws and steps), taken rather than run again.")
+        if d.get("resumed_at"):
+            steps = ", ".join(f"{s:,}" for s in d["resumed_at"])
+            notes.append(f"The run was interrupted and resumed from its saved state at step"
+                         f"{'s' if len(d['resumed_at']) > 1 else ''} {steps}; a resumed "
+                         "run ends exactly where the uninterrupted one would.")
+        if notes:
+            st.caption(" ".join(notes))
     ident = d.get("identity")
     if ident:
         st.markdown("**Dual / one-sided identity** (docs/MATH.md section 4.5). Every action is linear and exact, "

@@ -208,6 +208,24 @@ def test_the_optimisation_says_its_steps_and_the_batch_a_run_chose(env):
         "Each MLP neuron chooses among 16 candidate partners.")
 
 
+def test_the_optimisation_says_where_its_comparison_came_from_and_when_it_resumed(env):
+    rec = cached_record(*PAIR, "dual", env)
+
+    def captions(at) -> str:
+        open_tab(at, "Method diagnostics")
+        return " ".join(c.value for c in at.caption)
+
+    live = copy.deepcopy(rec)
+    d = live["alignment"]["diagnostics"]
+    d["one_sided_same_budget"]["from_learned_record"], d["resumed_at"] = False, []
+    said = captions(page("dual", live_runs={PAIR: {"dual": live}}))
+    assert "stored learned record" not in said and "resumed" not in said
+    d["one_sided_same_budget"]["from_learned_record"], d["resumed_at"] = True, [40, 1200]
+    said = captions(page("dual", live_runs={PAIR: {"dual": live}}))
+    assert "The dashed one-sided run is the stored learned record's" in said
+    assert "resumed from its saved state at steps 40, 1,200;" in said
+
+
 def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
     cached = cached_record(*PAIR, "weight", env)
     live = copy.deepcopy(cached)
