@@ -38,7 +38,8 @@ candidate graphs (a dense 3072 x 3072 latent per layer, with its gradient and Ad
 one model at GPT-2-small); no whole moved or interpolated model: the forward pass runs a stage at a
 time (`stages`: the embedding, each block, the readout), each block's moved copies and their mix
 formed inside it under activation checkpointing (`Midpoint`, `backward_loss`) and formed again in the
-backward pass, and the validation checks and the dual identity mix each block when they reach it
+backward pass (from SMALL_MODEL parameters up; a smaller model keeps every block's graph instead, which
+saves the recomputation and changes no bit: `blocks_checkpointed`), and the validation checks and the dual identity mix each block when they reach it
 (`path_losses`); the solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
 re-run every RESOLVE_EVERY steps and at each validation check, and only for layers whose permutation
 a one-pass check cannot certify; the readout over micro-batches whose logits stay under LOGIT_BYTES, in
@@ -598,6 +599,14 @@ class Transform(nn.Module):
 # Loss and memory
 
 
+def blocks_checkpointed(params: int) -> bool:
+    """Whether a training step forms each block again in its backward pass (activation checkpointing) rather
+    than keeping every block's graph: from SMALL_MODEL parameters up. Below, the graphs of all blocks take
+    a few hundred MB at most and keeping them saves about a fifth of a zoo pair's step time (bench/RESULTS.md,
+    "Resumable runs, and steps without recomputation")."""
+    return params >= SMALL_MODEL
+
+
 def items_per_pass(arch: Arch, x: Tensor, dtype: torch.dtype) -> int:
     """Sequences / images per forward pass so that its logits stay under LOGIT_BYTES (at least one)."""
     per_item = (x.shape[1] if arch.task == "lm" else 1) * arch.n_out * dtype.itemsize
@@ -729,13 +738,15 @@ def _formed(mid: Params | Midpoint, keys: list[str], checkpointed: bool = False)
 
 
 def backward_loss(tw: Model, mid: Params | Midpoint, x: Tensor, y: Tensor, per_pass: int,
-                  dtype: torch.dtype | None = None) -> float:
+                  dtype: torch.dtype | None = None, checkpointed: bool = True) -> float:
     """The mean task loss of `mid` on (x, y), back-propagated into the latents behind `mid`.
 
-    The forward runs a stage at a time (`stages`): every stage but the readout on all of x under
-    activation checkpointing, its parameters formed inside it (a Midpoint forms a block's moved copies
-    and their mix there), so one block's parameters and each stage's input are what the forward keeps,
-    and the backward pass forms each block again. The readout (whose logits are the large part) runs
+    The forward runs a stage at a time (`stages`): every stage but the readout on all of x, its
+    parameters formed inside it (a Midpoint forms a block's moved copies and their mix there), under
+    activation checkpointing when `checkpointed`, so one block's parameters and each stage's input are
+    what the forward keeps, and the backward pass forms each block again (`blocks_checkpointed` says
+    when: not for small models, whose every block's graph fits where a quarter of a step's time would
+    go to forming it again; the gradients are the same bit for bit). The readout (whose logits are the large part) runs
     `per_pass` items at a time on detached parameters and input whose gradients accumulate; the
     graph behind them is then walked once, not once per micro-batch. `dtype`: the dtype of floating
     inputs (default: the first parameter's, in compute_dtype).
@@ -745,7 +756,10 @@ def backward_loss(tw: Model, mid: Params | Midpoint, x: Tensor, y: Tensor, per_p
     chain = stages(tw, keys, dtype)
     h = x
     for ks, fn in chain[:-1]:
-        h = checkpoint(lambda h, ks=ks, fn=fn: fn(_formed(mid, ks), h), h, use_reentrant=False)
+        if checkpointed:
+            h = checkpoint(lambda h, ks=ks, fn=fn: fn(_formed(mid, ks), h), h, use_reentrant=False)
+        else:
+            h = fn(_formed(mid, ks), h)
     ks, fn = chain[-1]
     tail = _formed(mid, ks, checkpointed=True)
     leaves = {k: v.detach().requires_grad_(v.requires_grad) for k, v in tail.items()}
@@ -929,6 +943,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     batches = train_batches(arch, st.batch or ctx.batch, ctx.seed)
     rng = random.Random(ctx.seed)
     per_pass = items_per_pass(arch, xv, dtype)
+    checkpointed = blocks_checkpointed(sum(v.numel() for v in pa.values()))
 
     def elements() -> tuple[GroupElement | None, GroupElement]:
         return (side_a.element() if side_a else None), side_b.element()
@@ -1082,7 +1097,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             g["lr"] = g["peak"] * f
         mid = Midpoint(spec, ((side_a.maps() if side_a else None, pa), (side_b.maps(), pb)), lam, dtype)
         opt.zero_grad(set_to_none=True)
-        loss = backward_loss(tw, mid, x[rows], y[rows], per_pass) * share
+        loss = backward_loss(tw, mid, x[rows], y[rows], per_pass, checkpointed=checkpointed) * share
         del mid
         if distributed.size() > 1:  # the whole batch's gradient and loss: the shares' weighted sum
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in latents]
@@ -1204,9 +1219,9 @@ def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sid
     least) and per side, the latents with their gradient and two Adam moments (4 c Z), the MLP candidate
     graphs (8 L m k) and a residual rotation's Newton-Schulz graph (26 D^2 c); for the step, one block
     formed again in the backward pass (both sides' moved copies, the chains' saved inputs, the mix and its
-    gradient: 8 P_layer c), the embedding and readout matrices (5 V D c: the readout's mix and gradient, a
+    gradient: 8 P_layer c; every block's below SMALL_MODEL parameters, `blocks_checkpointed`), the embedding and readout matrices (5 V D c: the readout's mix and gradient, a
     gathered embedding's dense gradient and its moved copies), each block's input kept for the backward
-    pass and one block's activations (N_tr (L + 1) D c and N_tr (6 D + 3 m + h T) c), and one micro-batch's
+    pass and one block's activations, or every block's (N_tr (L + 1) D c and N_tr (6 D + 3 m + h T) c each), and one micro-batch's
     logits with their softmax and gradient (3 LOGIT_BYTES); validation's five lam points hold one
     block's input each (5 N_val D c), less than the step's blocks. `batch`: sequences or images per step
     (None: AlignContext's)."""
@@ -1215,6 +1230,7 @@ def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int, sid
     items = batch or AlignContext.__dataclass_fields__["batch"].default
     n = items * T  # positions of one training batch
     per_side = 4 * c * latent_count(arch) + 8 * L * m * default_k(arch) + 26 * D * D * c
-    step = (8 * layer_params * c + 5 * V * D * c + n * (L + 1) * D * c + n * (6 * D + 3 * m + h * T) * c
+    kept = 1 if blocks_checkpointed(params) else L  # blocks whose graph the backward pass finds kept
+    step = (8 * kept * layer_params * c + 5 * V * D * c + n * (L + 1) * D * c + kept * n * (6 * D + 3 * m + h * T) * c
             + 3 * LOGIT_BYTES)
     return max(weight_scratch(arch, params, layer_params, itemsize), sides * per_side + step)

@@ -109,3 +109,34 @@ def test_gpt2_shaped_pair_with_the_full_vocabulary(tmp_path, monkeypatch):
         sides = 2 if method == "dual" else 1
         assert info["memory"]["latent_bytes"] == sides * 4 * latent_count(al.pair.arch, al.classes)
     assert "one_sided_same_budget" not in info and info["identity"]["holds"]
+
+
+@pytest.mark.parametrize("dual_run", [False, True])
+def test_keeping_every_block_s_graph_changes_no_bit_of_the_run(monkeypatch, dual_run):
+    """Below SMALL_MODEL a step keeps every block's graph instead of forming it again in the backward pass
+    (learned.blocks_checkpointed); the run is the checkpointed one to the last bit: losses, validation and the
+    kept element."""
+    from engine.align.learned import Settings, optimise
+    from engine.align.weight import SMALL_MODEL
+    from engine.symmetry import identity
+
+    assert learned.blocks_checkpointed(SMALL_MODEL) and not learned.blocks_checkpointed(SMALL_MODEL - 1)
+    pair, kinds = rope_pair(dtype=torch.float32)
+    st = Settings(lr_perm=2.0, lambdas="uniform", eval_every=2, candidates=4, patience=None)
+    monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 256})
+    runs, real = [], learned.checkpoint
+    for small in (True, False):
+        monkeypatch.setattr(learned, "blocks_checkpointed", lambda params, small=small: not small)
+        calls = []
+        monkeypatch.setattr(learned, "checkpoint", lambda *a, calls=calls, **k: calls.append(1) or real(*a, **k))
+        runs.append(optimise(AlignContext(pair, kinds, steps=8), identity(pair.arch), dual=dual_run, steps=8,
+                             settings=st))
+        runs[-1]["checkpoints"] = len(calls)
+    kept, ck = runs
+    assert ck["checkpoints"] > kept["checkpoints"]  # the blocks ran under checkpointing in one run only
+    for key in ("curve", "history"):
+        a, b = kept[key], ck[key]
+        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
+    for el, el0 in zip(kept["g_b"].layers, ck["g_b"].layers):
+        assert torch.equal(el.qk, el0.qk) and torch.equal(el.vo, el0.vo) and torch.equal(el.head_perm, el0.head_perm)
+    assert torch.equal(kept["g_b"].residual, ck["g_b"].residual)
