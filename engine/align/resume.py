@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from engine.errors import LMCError
-from engine.models.io import remove_stale, write_file_atomic, write_json_atomic
+from engine.models.io import check_dir_target, remove_stale, write_file_atomic, write_json_atomic
 from engine.symmetry import GroupElement, LayerElement
 
 VERSION = 1
@@ -66,28 +65,15 @@ def _files(ck: Checkpoint, phase: str) -> tuple[Path, Path]:
 def check_dir(path: str | Path, inputs: tuple[Path, ...] = (), name: str = "--resume") -> Path:
     """A directory for a run's state, checked before any work: new, or a directory holding only state files
     (an earlier run's, resumed or replaced), not an input model's directory, writable."""
-    path = Path(path)
     label = f"{name} {path}"
-    target = Path(os.path.realpath(path))
-    if any(Path(os.path.realpath(d)) == target for d in inputs):
-        raise LMCError(f"{label} is an input model directory; keep the run's state somewhere else.")
-    if os.path.lexists(target):
-        if not target.is_dir():
-            raise LMCError(f"{label} exists and is not a directory.")
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise LMCError(f"{label} is not writable.")
+    target = check_dir_target(path, inputs, label)
+    if target.exists():
         remove_stale(target)  # temporary files of a write that a kill interrupted
         foreign = sorted(p.name for p in target.iterdir() if p.name not in OWN_FILES or not p.is_file())
         if foreign:
             shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
             raise LMCError(f"{label} holds files that are not an alignment state ({shown}); choose a new or "
                            "empty directory.")
-        return target
-    parent = target.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise LMCError(f"{label} cannot be created: {parent} is not a writable directory.")
     return target
 
 

@@ -423,17 +423,9 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
     directory with the marker that holds files its last save did not write (it is replaced whole);
     any of the input model directories `inputs`, even with `overwrite`; an unwritable location.
     """
-    path = Path(path)
     label = f"{name} {path}"
-    target = _resolved(path)
-    for inp in inputs:
-        if inp is not None and _resolved(inp) == target:
-            raise OutputError(f"{label} is an input model directory; write the output somewhere else.")
-    if os.path.lexists(target):
-        if not target.is_dir():
-            raise OutputError(f"{label} exists and is not a directory.")
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise OutputError(f"{label} is not writable.")
+    target = check_dir_target(path, inputs, label)
+    if target.exists():
         entries = sorted(p.name for p in target.iterdir())
         if entries and MARKER not in entries and not overwrite:
             shown = ", ".join(entries[:3]) + (", ..." if len(entries) > 3 else "")
@@ -451,6 +443,21 @@ def check_output_dir(path: str | Path, overwrite: bool = False, inputs: Iterable
             p = target / n
             if os.path.lexists(p) and not p.is_file():
                 raise OutputError(f"{label}: {n} there is not a regular file; the tool will not replace it.")
+    return target
+
+
+def check_dir_target(path: str | Path, inputs: Iterable[str | Path | None], label: str) -> Path:
+    """A directory the tool will write into (resolved): none of the `inputs` directories, and either an
+    existing writable directory or a path whose nearest existing parent is one. `label` starts each sentence."""
+    target = _resolved(Path(path))
+    for inp in inputs:
+        if inp is not None and _resolved(inp) == target:
+            raise OutputError(f"{label} is an input model directory; write the output somewhere else.")
+    if os.path.lexists(target):
+        if not target.is_dir():
+            raise OutputError(f"{label} exists and is not a directory.")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise OutputError(f"{label} is not writable.")
         return target
     _check_parent(target, label)
     return target
