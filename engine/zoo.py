@@ -4,7 +4,8 @@ Folders under assets/zoo/ are named `lm-{pe}-s{seed}` and `vit-{pe}-s{seed}`, th
 models `{task}-{pe}-w{width}-s{seed}` (the same recipe at d_model = width, d_mlp = 4 width), and the
 medium tier `lm-{pe}-medium-s{seed}` (the same recipe at the shape of Theus et al.'s GPT-2-style LM:
 6 layers, D 256, 4 heads of 64, MLP 1024; stored in bfloat16 to halve the clone), the recipe trained with
-residual dropout `{task}-{pe}-dropout-s{seed}` (DROPOUT: the same architecture), and further seeds of a
+residual dropout `{task}-{pe}-dropout-s{seed}` and `{task}-{pe}-medium-dropout-s{seed}` (DROPOUT: the
+same architecture), and further seeds of a
 recipe for the N-model study (MORE_SEEDS: `vit-learned-s2`); each holds
 config.json, model.safetensors and metrics.json (training curve, held-out metrics). The manifest
 (assets/zoo/manifest.json) lists name, task, pe, seed, parameters, held-out metrics, steps and
@@ -36,9 +37,9 @@ QUALITY = {"lm": ("test_loss", 1.45), "vit": ("test_accuracy", 0.95)}  # the bar
 WIDE = (("vit", "learned", 128),)  # (task, pe, width): wider pairs, to show how connectivity grows with width
 MEDIUM = {"n_layers": 6, "d_model": 256, "d_mlp": 1024}  # the medium tier's shape (4 heads, context 128 as small)
 MEDIUM_PES = ("learned", "rope")  # the reference's setting, and RoPE: the PE story at this size
-# (task, pe, rate): the recipe trained with residual dropout on every attention and MLP output (train
+# (task, pe, rate, tier): the recipe trained with residual dropout on every attention and MLP output (train
 # --dropout); the literature's near-zero LM barriers come from models trained with dropout, the zoo's without
-DROPOUT = (("lm", "learned", 0.1),)
+DROPOUT = (("lm", "learned", 0.1, "small"), ("lm", "learned", 0.1, "medium"))
 MORE_SEEDS = (("vit", "learned", 2),)  # (task, pe, seed): further seeds of a recipe, for N-model studies
 # (engine.multi); they join no pair, so every pair stays the recipe's seeds 0 and 1
 
@@ -89,7 +90,8 @@ ENTRIES: dict[str, ZooEntry] = {
     + [ZooEntry(f"vit-{pe}-s{s}", "vit", pe, s) for pe in VIT_PES for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-w{w}-s{s}", task, pe, s, w) for task, pe, w in WIDE for s in SEEDS]
     + [ZooEntry(f"lm-{pe}-medium-s{s}", "lm", pe, s, tier="medium") for pe in MEDIUM_PES for s in SEEDS]
-    + [ZooEntry(f"{task}-{pe}-dropout-s{s}", task, pe, s, dropout=rate) for task, pe, rate in DROPOUT for s in SEEDS]
+    + [ZooEntry(f"{task}-{pe}{'-medium' if tier == 'medium' else ''}-dropout-s{s}", task, pe, s, tier=tier, dropout=rate)
+       for task, pe, rate, tier in DROPOUT for s in SEEDS]
     + [ZooEntry(f"{task}-{pe}-s{s}", task, pe, s) for task, pe, s in MORE_SEEDS]
 }
 

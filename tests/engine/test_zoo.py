@@ -3,6 +3,8 @@
 import json
 from dataclasses import replace
 
+import torch
+
 from engine import zoo
 from engine.train import lm_config, vit_config
 
@@ -25,6 +27,8 @@ NAMES = {
     "vit-learned-s2": ("vit", "learned", None, "small", 2),
     "lm-learned-dropout-s0": ("lm", "learned", None, "small", 0),
     "lm-learned-dropout-s1": ("lm", "learned", None, "small", 1),
+    "lm-learned-medium-dropout-s0": ("lm", "learned", None, "medium", 0),
+    "lm-learned-medium-dropout-s1": ("lm", "learned", None, "medium", 1),
 }
 
 
@@ -34,8 +38,6 @@ def test_names_say_task_pe_width_tier_and_seed():
 
 
 def test_the_medium_tier_is_the_reference_shape_on_the_same_recipe_stored_in_bfloat16():
-    import torch
-
     from engine.train import LM_TRAIN
 
     medium = [e for e in zoo.ENTRIES.values() if e.tier == "medium"]
@@ -45,7 +47,7 @@ def test_the_medium_tier_is_the_reference_shape_on_the_same_recipe_stored_in_bfl
         assert (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.d_mlp, cfg.n_ctx) == \
             (6, 256, 4, 64, 1024, 128)
         assert replace(cfg, n_layers=4, d_model=128, d_mlp=512) == lm_config(e.pe)  # all else as the small LM
-        assert e.train_config() == LM_TRAIN and e.store_dtype == torch.bfloat16
+        assert e.train_config() == replace(LM_TRAIN, dropout=e.dropout) and e.store_dtype == torch.bfloat16
     assert all(e.store_dtype == torch.float32 for e in zoo.ENTRIES.values() if e.tier == "small")
 
 
@@ -61,12 +63,18 @@ def test_a_wide_entry_is_the_same_recipe_at_its_width():
 
 def test_a_dropout_entry_is_the_recipe_trained_with_residual_dropout():
     for e in (x for x in zoo.ENTRIES.values() if x.dropout):
-        base = zoo.ZooEntry(e.name, e.task, e.pe, e.seed)
+        base = zoo.ZooEntry(e.name, e.task, e.pe, e.seed, tier=e.tier)
         assert e.config() == base.config() and e.store_dtype == base.store_dtype  # the same architecture
         assert e.train_config() == replace(base.train_config(), dropout=e.dropout) and 0 < e.dropout < 1
     assert zoo.ENTRIES["lm-learned-dropout-s1"].dropout == 0.1
     assert ("lm-learned-dropout-s0", "lm-learned-dropout-s1") in zoo.pairs()
     assert not any({a, b} == {"lm-learned-s0", "lm-learned-dropout-s1"} for a, b in zoo.pairs())
+    # at the medium tier too: the medium shape, stored in bfloat16, paired with its own seed only
+    e = zoo.ENTRIES["lm-learned-medium-dropout-s0"]
+    assert (e.tier, e.dropout, e.config().d_model, e.store_dtype) == ("medium", 0.1, 256, torch.bfloat16)
+    assert ("lm-learned-medium-dropout-s0", "lm-learned-medium-dropout-s1") in zoo.pairs()
+    assert not any({a, b} & {"lm-learned-medium-dropout-s0"} and {a, b} & {"lm-learned-medium-s1",
+                                                                     "lm-learned-dropout-s1"} for a, b in zoo.pairs())
 
 
 def test_pairs_join_seeds_of_one_architecture_only():
