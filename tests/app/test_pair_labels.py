@@ -14,3 +14,7 @@ def test_a_dropout_pair_is_labelled_with_its_rate():
     assert pair_label("lm-learned-dropout-s0", "lm-learned-dropout-s1").endswith("· dropout 0.1 · seeds 0, 1")
     assert pair_title("lm-learned-dropout-s0", "lm-learned-dropout-s1").endswith(", dropout 0.1")
     assert "dropout" not in pair_label("lm-learned-s0", "lm-learned-s1")
+    medium = ("lm-learned-medium-dropout-s0", "lm-learned-medium-dropout-s1")  # both: the tier, then the rate
+    assert pair_label(*medium).endswith("· medium, 6 × 256 · dropout 0.1 · seeds 0, 1")
+    assert pair_title(*medium).endswith(", medium, 6 × 256, dropout 0.1")
+    assert "dropout" not in pair_label("lm-learned-medium-s0", "lm-learned-medium-s1")
