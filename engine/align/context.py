@@ -18,8 +18,8 @@ from engine.progress import Progress
 from engine.symmetry import GroupElement, identity
 
 if TYPE_CHECKING:
-    from engine.align.resume import Checkpoint
     from engine.align.learned import Settings
+    from engine.align.resume import Checkpoint
     from engine.align.weight import WeightSettings
 
 F64 = torch.float64  # the solvers' working precision

@@ -39,8 +39,8 @@ one model at GPT-2-small); no whole moved or interpolated model: the forward pas
 time (`stages`: the embedding, each block, the readout), each block's moved copies and their mix
 formed inside it under activation checkpointing (`Midpoint`, `backward_loss`) and formed again in the
 backward pass (from SMALL_MODEL parameters up; a smaller model keeps every block's graph instead, which
-saves the recomputation and changes no bit: `blocks_checkpointed`), and the validation checks and the dual identity mix each block when they reach it
-(`path_losses`); the solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
+saves the recomputation and changes no bit: `blocks_checkpointed`), and the validation checks and the
+dual identity mix each block when they reach it (`path_losses`); the solves (heads and residual: scipy's Hungarian; MLP: scipy's sparse matching on the candidate graph)
 re-run every RESOLVE_EVERY steps and at each validation check, and only for layers whose permutation
 a one-pass check cannot certify; the readout over micro-batches whose logits stay under LOGIT_BYTES, in
 the logits' dtype. Latent, candidate, Adam-state and peak resident bytes go into the record, and a
@@ -746,8 +746,8 @@ def backward_loss(tw: Model, mid: Params | Midpoint, x: Tensor, y: Tensor, per_p
     activation checkpointing when `checkpointed`, so one block's parameters and each stage's input are
     what the forward keeps, and the backward pass forms each block again (`blocks_checkpointed` says
     when: not for small models, whose every block's graph fits where a quarter of a step's time would
-    go to forming it again; the gradients are the same bit for bit). The readout (whose logits are the large part) runs
-    `per_pass` items at a time on detached parameters and input whose gradients accumulate; the
+    go to forming it again; the gradients are the same bit for bit). The readout (whose logits are the
+    large part) runs `per_pass` items at a time on detached parameters and input whose gradients accumulate; the
     graph behind them is then walked once, not once per micro-batch. `dtype`: the dtype of floating
     inputs (default: the first parameter's, in compute_dtype).
     """

@@ -27,7 +27,6 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
