@@ -922,20 +922,19 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     pb = {k: v.detach().to(ref.device) for k, v in pair.params_b.items()}
     keys = list(pa)
     has_mlp = "mlp" in kinds
-    if state is not None:  # the start and candidates it ran from, as saved
-        L = arch.n_layers
-        side_b = Transform(arch, spec, kinds, resume.element_from(state.tensors, "b.g0.", L), dtype,
-                           [state.tensors[f"b.cand.{i}"] for i in range(L)] if has_mlp else None)
-        side_a = Transform(arch, spec, kinds, resume.element_from(state.tensors, "a.g0.", L), dtype,
-                           [state.tensors[f"a.cand.{i}"] for i in range(L)] if has_mlp else None) if dual else None
+    tags = "ab" if dual else "b"
+    if state is not None:  # the starts and candidates it ran from, as saved
+        g0 = {tag: resume.element_from(state.tensors, f"{tag}.g0.", arch.n_layers) for tag in tags}
+        cand = {tag: [state.tensors[f"{tag}.cand.{i}"] for i in range(arch.n_layers)] for tag in tags} if has_mlp \
+            else {}
     else:
-        side_b = Transform(arch, spec, kinds, g0_b, dtype,
-                           mlp_candidates(spec, pa, pb, g0_b, st.candidates) if has_mlp else None)
-        side_a = None
-        if dual:  # A's latent scores A's neurons against B moved by its start
-            start = identity(arch)
-            side_a = Transform(arch, spec, kinds, start, dtype,
-                               mlp_candidates(spec, pb, pa, start, st.candidates, g_ref=g0_b) if has_mlp else None)
+        g0, cand = {"a": identity(arch), "b": g0_b}, {}
+        if has_mlp:
+            cand["b"] = mlp_candidates(spec, pa, pb, g0_b, st.candidates)
+            if dual:  # A's latent scores A's neurons against B moved by its start
+                cand["a"] = mlp_candidates(spec, pb, pa, g0["a"], st.candidates, g_ref=g0_b)
+    side_a, side_b = (Transform(arch, spec, kinds, g0[tag], dtype, cand.get(tag)) if tag in tags else None
+                      for tag in "ab")
     sides = [s for s in (side_a, side_b) if s is not None]
     latents = [p for s in sides for p in s.parameters()]
     groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]
@@ -968,18 +967,20 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         i = max(range(len(e)), key=e.__getitem__)
         return e[i], VAL_LAMBDAS[i]
 
-    best = elements()  # the start: its hard permutations are already Hungarian(Z)
-    losses = val_path(*best)
-    (best_val, worst_lam), best_step, solved_at = excess(losses), 0, 0
-    best_mid = losses[MID]
-    anchor = best_val  # the check that last counted as progress
-    history = {"step": [0], "train_loss": [None], "val_midpoint_loss": [best_mid], "val_barrier": [best_val],
-               "val_worst_lambda": [worst_lam], "seconds": [clock()]}
-    curve = {"step": [], "train_loss": [], "lr_factor": [], "lambda": []}  # every step
-    solves = {"hungarian": 0, "kept": 0}
-    resolves: dict[str, list] = {"step": [], "hungarian": [], "flips_heads": [], "flips_mlp": [], "flips_residual": []}
-    if on_check:
-        on_check(0, *best)
+    if state is None:  # the start's check (a resumed run restores its histories below)
+        best = elements()  # the start: its hard permutations are already Hungarian(Z)
+        losses = val_path(*best)
+        (best_val, worst_lam), best_step, solved_at = excess(losses), 0, 0
+        best_mid = losses[MID]
+        anchor = best_val  # the check that last counted as progress
+        history = {"step": [0], "train_loss": [None], "val_midpoint_loss": [best_mid], "val_barrier": [best_val],
+                   "val_worst_lambda": [worst_lam], "seconds": [clock()]}
+        curve = {"step": [], "train_loss": [], "lr_factor": [], "lambda": []}  # every step
+        solves = {"hungarian": 0, "kept": 0}
+        resolves: dict[str, list] = {"step": [], "hungarian": [], "flips_heads": [], "flips_mlp": [],
+                                     "flips_residual": []}
+        if on_check:
+            on_check(0, *best)
 
     def solve(step: int) -> None:
         nonlocal solved_at

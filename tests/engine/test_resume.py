@@ -79,6 +79,19 @@ def test_an_interrupted_optimisation_resumes_where_it_stopped_and_ends_as_the_wh
     same(again, ref)
 
 
+def test_a_run_without_mlp_permutations_resumes_too(tmp_path):
+    pair, kinds = rope_pair()
+    kinds = kinds - {"mlp"}  # no candidate graphs in the state
+    g0 = identity(pair.arch)
+    ref = optimise(AlignContext(pair, kinds, steps=8), g0, dual=True, steps=8, settings=ST)
+    ctx = AlignContext(pair, kinds, steps=8, checkpoint=Checkpoint(tmp_path / "state", run="r1"))
+    with pytest.raises(Killed):
+        optimise(ctx, g0, dual=True, steps=8, settings=ST, on_check=kill_at(6))
+    res = optimise(ctx, g0, dual=True, steps=8, settings=ST)
+    assert res["resumed_at"] == [4]
+    same(res, ref)
+
+
 def test_another_run_or_optimisation_or_a_torn_state_starts_from_step_0(tmp_path):
     pair, kinds = rope_pair()
     g0 = identity(pair.arch)
