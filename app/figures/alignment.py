@@ -532,13 +532,14 @@ def _num(v: float, d: int) -> str:
     return s[1:] if s.startswith("-") and float(s) == 0 else s  # no "-0.00"
 
 
-def _block_title(block: str) -> str:
-    return block[0].upper() + block[1:] if block.startswith("layer") else f"The {block}"
+def _block_name(block: str) -> str:
+    return block if block.startswith("layer") else f"the {block}"
 
 
 def attribution_sentence(rec: dict) -> str:
-    """One sentence: the block that holds the most of the midpoint barrier alone (of what alignment left of
-    it, for an aligner), its parts, and the class whose removal would raise the barrier most."""
+    """One sentence: the block that raises the loss most when interpolated alone, its parts, against the
+    midpoint barrier (what alignment left of it, for an aligner), and the class whose removal would raise the
+    barrier most."""
     att = attribution_of(rec)
     mb = att["midpoint_barrier"]
     block, parts = max(((b, p) for b, p in attribution_blocks(att) if "all" in p), key=lambda g: g[1]["all"]["excess"])
@@ -546,11 +547,11 @@ def attribution_sentence(rec: dict) -> str:
     inner = sorted(((p, parts[p]["excess"]) for p in PART_SHORT if p in parts), key=lambda x: -x[1])
     best = max(att.get("classes") or [], key=lambda c: c["rise"], default=None)
     d = decimals(top, mb, *(v for _, v in inner), *([best["rise"]] if best else []))
-    left = "" if rec["method"] == "naive" else " of what is left"
-    text = (f"{_block_title(block)} holds the most{left}: {_num(top, d)} of the {_num(mb, d)} {loss_unit(rec)} "
-            "midpoint barrier when interpolated alone")
+    text = f"Interpolated alone, {_block_name(block)} raises the loss most: by {_num(top, d)} {loss_unit(rec)}"
     if inner:
         text += " (" + ", ".join(f"its {PART_SHORT[p]} {_num(v, d)}" for p, v in inner) + ")"
+    left = "" if rec["method"] == "naive" else " that alignment left"
+    text += f", against the {_num(mb, d)} midpoint barrier{left}"
     if best is not None and best["rise"] > 0:
         used = (rec.get("alignment") or {}).get("classes") or ()
         text += f"; without the {class_label(best['class'], used)} the barrier would rise by {_num(best['rise'], d)}"

@@ -336,10 +336,10 @@ def test_where_the_barrier_lives_is_drawn_first_from_the_records_attribution(tin
     wholes = [b for b in att["blocks"] if b["part"] == "all"]
     top = max(wholes, key=lambda b: b["excess"])
     assert sentence == alignment_figs.attribution_sentence(rec)
-    assert sentence.startswith(top["block"].capitalize() if top["layer"] is not None else f"The {top['block']}")
-    assert " holds the most of what is left: " in sentence
+    name = top["block"] if top["layer"] is not None else f"the {top['block']}"
     d = alignment_figs.decimals(top["excess"], att["midpoint_barrier"])
-    assert f"{att['midpoint_barrier']:.{d}f} nats/byte midpoint barrier" in sentence
+    assert sentence.startswith(f"Interpolated alone, {name} raises the loss most: by {top['excess']:.{d}f} nats/byte")
+    assert f"against the {att['midpoint_barrier']:.{d}f} midpoint barrier that alignment left" in sentence
     # the bars are the record's excesses, block by block in path order, and the line its midpoint barrier
     fig = chart(at, "attribution_blocks")
     whole, attention, mlp, line = fig["data"]

@@ -350,8 +350,9 @@ def test_class_rise_bars_in_reading_order_with_readable_names():
 
 def test_the_sentence_names_the_block_holding_most_and_the_class_buying_most():
     assert alignment_figs.attribution_sentence(attributed()) == (
-        "Layer 0 holds the most of what is left: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone "
-        "(its MLP 0.66, its attention 0.50); without the MLP neuron permutations the barrier would rise by 1.16.")
+        "Interpolated alone, layer 0 raises the loss most: by 0.88 nats/byte (its MLP 0.66, its attention 0.50), "
+        "against the 0.78 midpoint barrier that alignment left; without the MLP neuron permutations the barrier "
+        "would rise by 1.16.")
     # small numbers keep two significant digits; an outer block has no parts; no class raising it is said so
     rec = attributed()
     att = rec["attribution"]
@@ -363,8 +364,8 @@ def test_the_sentence_names_the_block_holding_most_and_the_class_buying_most():
         b["excess"] /= 1000
     vit = rec | {"eval_images": 360, "eval_set": "digits/test, 360 images"}
     assert alignment_figs.attribution_sentence(vit) == (
-        "The embedding holds the most of what is left: 0.0078 of the 0.0061 nats/image midpoint barrier when "
-        "interpolated alone; taking out any one class would not raise it.")
+        "Interpolated alone, the embedding raises the loss most: by 0.0078 nats/image, against the 0.0061 midpoint "
+        "barrier that alignment left; taking out any one class would not raise it.")
 
 
 def test_naive_records_show_blocks_but_no_class_figure():
@@ -373,8 +374,8 @@ def test_naive_records_show_blocks_but_no_class_figure():
     assert "naive interpolation uses no symmetry class" in alignment_figs.class_rise_note(rec)
     assert alignment_figs.class_rise_note(attributed()) is None
     assert alignment_figs.attribution_sentence(rec) == (
-        "Layer 0 holds the most: 0.88 of the 0.78 nats/byte midpoint barrier when interpolated alone (its MLP 0.66, "
-        "its attention 0.50).")
+        "Interpolated alone, layer 0 raises the loss most: by 0.88 nats/byte (its MLP 0.66, its attention 0.50), "
+        "against the 0.78 midpoint barrier.")
     assert list(alignment_figs.attribution_figure(rec).data[0].y) == pytest.approx([0.08, 0.88, 0.30, 0.02])
     assert alignment_figs.attribution_figure(rec).data[0].marker.color == style.METHOD_COLOURS["naive"]
 
