@@ -56,36 +56,21 @@ from engine.models.hf_family import (
 
 
 @functools.cache
-def _hf_classes(model_type: str, prefix: str) -> tuple[type, type]:
-    """transformers' RMSNorm and rotary-embedding classes of one family, e.g. LlamaRMSNorm."""
-    mod = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    return getattr(mod, f"{prefix}RMSNorm"), getattr(mod, f"{prefix}RotaryEmbedding")
+def hf_class(model_type: str, name: str) -> type:
+    """A class of transformers' modeling module of one family, e.g. ("llama", "LlamaRMSNorm")."""
+    return getattr(importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}"), name)
 
 
 @functools.cache
-def _exact_classes(model_type: str, prefix: str) -> tuple[type, type]:
-    RMSNorm, Rotary = _hf_classes(model_type, prefix)
-
+def _rmsnorm64(RMSNorm: type) -> type:
     class RMSNorm64(RMSNorm):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             if x.dtype != torch.float64:
                 return super().forward(x)
             return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
-    class Rotary64(Rotary):
-        def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
-            if x.dtype != torch.float64:
-                return super().forward(x, position_ids)
-            d = self.inv_freq.shape[0] * 2
-            base = float(self.config.rope_parameters["rope_theta"])
-            inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=x.device) / d)  # [d/2]
-            freqs = position_ids[..., None].to(torch.float64) * inv  # [B, T, d/2]
-            emb = torch.cat((freqs, freqs), -1)  # [B, T, d]: half-split pairs share a frequency
-            return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-    RMSNorm64.__name__ = RMSNorm64.__qualname__ = f"{prefix}RMSNorm64"
-    Rotary64.__name__ = Rotary64.__qualname__ = f"{prefix}RotaryEmbedding64"
-    return RMSNorm64, Rotary64
+    RMSNorm64.__name__ = RMSNorm64.__qualname__ = f"{RMSNorm.__name__}64"
+    return RMSNorm64
 
 
 # ---------------------------------------------------------------------------------------------
@@ -111,8 +96,10 @@ def sliding_layers_window(config, refuse: Refuse) -> int | None:
     return config.sliding_window
 
 
-def _summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], window: Window, qk_norm: bool,
-             config, refuse: Refuse) -> Arch:
+def summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], window: Window, qk_norm: bool,
+            config, refuse: Refuse, layernorm_eps: float | None = None) -> Arch:
+    """The Arch of a Llama-layout config; `layernorm_eps`: its norms are LayerNorms without parameters of
+    that eps (OLMo), not the config's RMSNorms."""
     n_ctx, w = config.max_position_embeddings, window(config, refuse)
     if w is not None and w < n_ctx:
         refuse(f"sliding_window={w}", f"attention to the last {w} tokens only, shorter than its context of "
@@ -125,8 +112,8 @@ def _summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], w
         family=family, task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
         n_heads=h, n_kv_heads=hkv, d_head=d, d_mlp=config.intermediate_size, n_out=config.vocab_size,
         n_ctx=n_ctx, pe="rope", rope_layout="half", rotary_dim=d,
-        rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm", norm_bias=False,
-        norm_eps=config.rms_norm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
+        rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm" if layernorm_eps is None else "layernorm",
+        norm_bias=False, norm_eps=config.rms_norm_eps if layernorm_eps is None else layernorm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
         mlp_bias=mlp_bias, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
         qk_norm=qk_norm,
     )
@@ -134,13 +121,8 @@ def _summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], w
 
 def make_exact(model_type: str, prefix: str, module) -> None:
     """Switch the float32-only submodules to their float64-faithful subclasses (same parameters)."""
-    RMSNorm, Rotary = _hf_classes(model_type, prefix)
-    RMSNorm64, Rotary64 = _exact_classes(model_type, prefix)
-    for m in module.modules():
-        if type(m) is RMSNorm:
-            m.__class__ = RMSNorm64
-        elif type(m) is Rotary:
-            m.__class__ = Rotary64
+    RMSNorm, Rotary = (hf_class(model_type, f"{prefix}{n}") for n in ("RMSNorm", "RotaryEmbedding"))
+    nat.switch_classes(module, {RMSNorm: _rmsnorm64(RMSNorm), Rotary: nat.rotary64(Rotary)})
 
 
 KEYS = KeyMap(
@@ -171,6 +153,9 @@ KEYS = KeyMap(
 )
 
 
+REFUSALS = (ROPE_SCALING, activation("hidden_act", ("silu",), "the gated MLP must be SwiGLU (silu)"))
+
+
 def decoder_family(name: str, model_type: str, prefix: str, reference: str,
                    biases: Callable[[object], tuple[bool, bool, bool]], window: Window = no_window,
                    qk_norm: bool = False) -> HFFamily:
@@ -180,7 +165,7 @@ def decoder_family(name: str, model_type: str, prefix: str, reference: str,
     return HFFamily(
         name=name, model_type=model_type, config_name=prefix, display=f"{prefix} (Hugging Face transformers)",
         reference=reference, config_class=f"{prefix}Config", model_class=f"{prefix}ForCausalLM", keys=KEYS,
-        summary=functools.partial(_summary, name, biases, window, qk_norm),
-        refusals=(ROPE_SCALING, activation("hidden_act", ("silu",), "the gated MLP must be SwiGLU (silu)")),
+        summary=functools.partial(summary, name, biases, window, qk_norm),
+        refusals=REFUSALS,
         prepare=functools.partial(make_exact, model_type, prefix),
     )

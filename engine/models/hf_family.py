@@ -70,10 +70,12 @@ QUERY_BIAS, KEY_VALUE_BIAS = _head_bias(False), _head_bias(True)
 @dataclass(frozen=True)
 class Key:
     """Canonical key(s) from one native parameter by `conv`. `when` names an Arch flag the pair exists under
-    ("!flag": exists when the flag is false), empty for always."""
+    ("!flag": exists when the flag is false), empty for always. A `native` of None is a norm gain the family
+    does not store (a LayerNorm without parameters, as OLMo's): canonically a gain of 1 [D], and only a gain of
+    1 can be written back."""
 
     canonical: str | tuple[str, ...]
-    native: str
+    native: str | None
     conv: Conv = SAME
     when: str = ""
 
@@ -94,11 +96,12 @@ class KeyMap:
     block: tuple[Key, ...]
     final: tuple[Key, ...]
 
-    def pairs(self, a: Arch) -> Iterator[tuple[tuple[str, ...], str, Conv]]:
-        """(canonical keys, native name, conv) of every parameter `a` has."""
+    def pairs(self, a: Arch) -> Iterator[tuple[tuple[str, ...], str | None, Conv]]:
+        """(canonical keys, native name, conv) of every parameter `a` has; the native name is None for a gain
+        the family does not store (Key)."""
         def one(key: Key, canon: str, native: str):
             names = (key.canonical,) if isinstance(key.canonical, str) else key.canonical
-            return tuple(canon + n for n in names), native + key.native, key.conv
+            return tuple(canon + n for n in names), None if key.native is None else native + key.native, key.conv
 
         yield from (one(k, "", "") for k in self.embed if k.present(a))
         for l in range(a.n_layers):
@@ -240,14 +243,23 @@ class HFFamily:
 
     def to_canonical(self, model: Model) -> Params:
         a, module = model.arch, model.module
+        ref = next(module.parameters())
         p: Params = {}
         for canon, native, conv in self.keymap(model).pairs(a):
+            if native is None:  # a gain the family does not store: 1
+                p[canon[0]] = torch.ones(a.d_model, dtype=ref.dtype, device=ref.device)
+                continue
             p.update(zip(canon, conv.to(module.get_parameter(native), a), strict=True))
         return {k: v.detach() for k, v in p.items()}  # views: engine.models.canonical copies them
 
     def from_canonical(self, model: Model, params: Params) -> None:
-        a = model.arch
-        native = {n: conv.back([params[k] for k in canon], a) for canon, n, conv in self.keymap(model).pairs(a)}
+        a, native = model.arch, {}
+        for canon, n, conv in self.keymap(model).pairs(a):
+            if n is not None:
+                native[n] = conv.back([params[k] for k in canon], a)
+            elif not bool((params[canon[0]] == 1).all()):
+                raise ModelError(f"The {self.config_name} family stores no {canon[0]}: its norms have no parameters, "
+                                 "so only a gain of 1 can be written into this model.")
         nat.copy_into(model.module, native)  # tied parameters appear once: the tied head has no key
 
     def entry(self) -> Family:

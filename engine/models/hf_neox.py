@@ -21,8 +21,6 @@ own path unchanged). LayerNorm is torch's own and already exact. Nothing about t
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from engine.models import native as nat
@@ -57,31 +55,11 @@ def _summary(config, refuse) -> Arch:
 # Float64-faithful RoPE (see the module docstring)
 
 
-@functools.cache
-def _rotary64() -> type:
-    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
-
-    class Rotary64(GPTNeoXRotaryEmbedding):
-        def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
-            if x.dtype != torch.float64:
-                return super().forward(x, position_ids)
-            r = self.inv_freq.shape[0] * 2
-            base = float(self.config.rope_parameters["rope_theta"])
-            inv = base ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)  # [r/2]
-            freqs = position_ids[..., None].to(torch.float64) * inv  # [B, T, r/2]
-            emb = torch.cat((freqs, freqs), -1)  # [B, T, r]: half-split pairs share a frequency
-            return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-    return Rotary64
-
-
 def _make_exact(module) -> None:
     """Switch the float32-only rotary embedding to its float64-faithful subclass (same buffers)."""
     from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
 
-    for m in module.modules():
-        if type(m) is GPTNeoXRotaryEmbedding:
-            m.__class__ = _rotary64()
+    nat.switch_classes(module, {GPTNeoXRotaryEmbedding: nat.rotary64(GPTNeoXRotaryEmbedding)})
 
 
 # ---------------------------------------------------------------------------------------------

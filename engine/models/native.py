@@ -8,6 +8,7 @@ actually loaded, so importing the registry stays fast.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +52,40 @@ def rope_parameters(config) -> dict:
     """An HF config's RoPE settings as a dict (transformers keeps them in `rope_parameters`)."""
     rp = getattr(config, "rope_parameters", None) or {}
     return rp if isinstance(rp, dict) else dict(rp)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float64-faithful submodules. transformers builds its RoPE tables (and some families normalise) in float32,
+# whatever the input's dtype, so a float64 model would only be float32-accurate; the adapters switch those
+# submodules to subclasses that compute in float64 when the input is float64 (same formulas and buffers;
+# other dtypes take transformers' own path).
+
+
+@functools.cache
+def rotary64(Rotary: type) -> type:
+    """A float64-faithful subclass of an HF rotary-embedding class with half-split pairs (Llama's layout:
+    `inv_freq` [r/2], `config.rope_parameters["rope_theta"]`, `attention_scaling`)."""
+
+    class Rotary64(Rotary):
+        def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
+            if x.dtype != torch.float64:
+                return super().forward(x, position_ids)
+            r = self.inv_freq.shape[0] * 2
+            base = float(self.config.rope_parameters["rope_theta"])
+            inv = base ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)  # [r/2]
+            freqs = position_ids[..., None].to(torch.float64) * inv  # [B, T, r/2]
+            emb = torch.cat((freqs, freqs), -1)  # [B, T, r]: half-split pairs share a frequency
+            return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
+
+    Rotary64.__name__ = Rotary64.__qualname__ = f"{Rotary.__name__}64"
+    return Rotary64
+
+
+def switch_classes(module: nn.Module, classes: dict[type, type]) -> None:
+    """Give every submodule of exactly a key class its value class (a subclass with the same parameters)."""
+    for m in module.modules():
+        if type(m) in classes:
+            m.__class__ = classes[type(m)]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -57,7 +57,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def randomise_norms(m: Model, seed: int, gain: float = 0.2, bias: float = 0.1) -> Model:
-    """Gains around 1 and LayerNorm biases nonzero, so folding and the residual maps are exercised."""
+    """Gains around 1 and LayerNorm biases nonzero, so folding and the residual maps are exercised (OLMo's norms
+    have no parameters: its model is returned as it is)."""
+    if m.family == "hf_olmo":
+        return m
     g = torch.Generator().manual_seed(seed)
     p = canonical(m)
     for k, v in p.items():
@@ -79,7 +82,7 @@ def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
 
 
 def _hf_cases() -> dict:
-    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_qwen2, hf_qwen3, timm_vit
+    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_olmo, hf_qwen2, hf_qwen3, timm_vit
 
     llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
@@ -93,6 +96,9 @@ def _hf_cases() -> dict:
                                             "rope_theta": 500.0}, seed=0, dtype=F64),
         "hf_qwen2": lambda: _with_qkv_biases(hf_qwen2.build(llama, seed=0, dtype=F64)),
         "hf_mistral": lambda: hf_mistral.build({**llama, "head_dim": 12}, seed=0, dtype=F64),
+        # LayerNorms without parameters, biases on all four attention projections (randomised)
+        "hf_olmo": lambda: _with_qkv_biases(hf_olmo.build({**llama, "attention_bias": True, "pad_token_id": 0}, seed=0,
+                                                          dtype=F64)),
         # QK-norm, with biases on all four attention projections (randomised: HF initialises them to zero)
         "hf_qwen3": lambda: _with_qkv_biases(hf_qwen3.build({**llama, "head_dim": 8, "attention_bias": True}, seed=0,
                                                             dtype=F64)),  # Qwen3Config's own head_dim is 128
@@ -110,7 +116,7 @@ REF_CASES = {
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
     "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "timm_vit"]
 
 
 def make_case(name: str) -> Model:

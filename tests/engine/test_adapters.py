@@ -28,6 +28,7 @@ from engine.models import (
     hf_llama,
     hf_mistral,
     hf_neox,
+    hf_olmo,
     hf_qwen2,
     hf_qwen3,
     hf_roberta,
@@ -55,6 +56,8 @@ BERT_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_
             "num_attention_heads": 4, "max_position_embeddings": 16, "layer_norm_eps": 1e-5}
 # RoBERTa numbers positions from pad_token_id + 1 (1 here): 18 rows hold a context of 16
 ROBERTA_CFG = {**BERT_CFG, "max_position_embeddings": 18, "type_vocab_size": 1}
+# OLMo: Llama's sizes, LayerNorms without parameters (its config has no rms_norm_eps)
+OLMO_CFG = {k: v for k, v in LLAMA_CFG.items() if k != "rms_norm_eps"} | {"pad_token_id": 0}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -124,6 +127,13 @@ CASES = {
     "hf_mistral": Case("hf_mistral", lambda s: hf_mistral.build(MISTRAL_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
         norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", tied_embeddings=True)),
+    # OLMo: LayerNorms without gain or bias (canonically gains of 1), GQA; and tied with biases on all four
+    # attention projections (no reference twin: its biases are all or Q/K/V alone)
+    "hf_olmo": Case("hf_olmo", lambda s: hf_olmo.build(OLMO_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="layernorm",
+        norm_eps=1e-5, mlp="swiglu")),
+    "hf_olmo_bias_tied": Case("hf_olmo", lambda s: hf_olmo.build(
+        {**OLMO_CFG, "tie_word_embeddings": True, "attention_bias": True}, seed=s, dtype=F64), None),
     # Pythia layout: partial RoPE, parallel residual, untied; and the sequential, tied variant
     "hf_neox": Case("hf_neox", lambda s: hf_neox.build(NEOX_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
@@ -268,12 +278,15 @@ def test_canonical_params_run_in_the_reference_family(name: str):
     assert diff <= {"family", "rope_base"} and ("rope_base" not in diff or model.arch.pe != "rope")
 
 
-@pytest.mark.parametrize("adapter", [hf_llama, hf_qwen2, hf_qwen3, hf_mistral], ids=lambda a: a.FAMILY)
-def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
-    """Why the Llama-layout adapters swap in float64-faithful RMSNorm and RoPE (engine/models/hf_decoder.py)."""
-    from engine.models.hf_decoder import _hf_classes
+@pytest.mark.parametrize(("adapter", "prefix", "norm"), [
+    (hf_llama, "Llama", "RMSNorm"), (hf_qwen2, "Qwen2", "RMSNorm"), (hf_qwen3, "Qwen3", "RMSNorm"),
+    (hf_mistral, "Mistral", "RMSNorm"), (hf_olmo, "Olmo", "LayerNorm")], ids=lambda a: getattr(a, "FAMILY", a))
+def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter, prefix: str, norm: str):
+    """Why the Llama-layout adapters swap in float64-faithful norms and RoPE (engine/models/hf_decoder.py,
+    hf_olmo.py)."""
+    from engine.models.hf_decoder import hf_class
 
-    RMSNorm, Rotary = _hf_classes(adapter.MODEL_TYPE, adapter.HF.config_name)
+    RMSNorm, Rotary = (hf_class(adapter.MODEL_TYPE, f"{prefix}{n}") for n in (norm, "RotaryEmbedding"))
     case = CASES[adapter.FAMILY]
     model = randomise(case.build(0), 3)
     ref = reference.build(case.ref, dtype=F64)
@@ -294,10 +307,12 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter):
     (hf_qwen3, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "sliding_window=8"),
     (hf_mistral, {"sliding_window": 15}, "sliding_window=15"),
     (hf_mistral, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    (hf_olmo, {"clip_qkv": 8.0}, "clip_qkv=8.0"),
+    (hf_olmo, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
 ])
 def test_unsupported_configs_are_refused_before_building(adapter, change: dict, option: str):
     with pytest.raises(ModelError) as e:
-        adapter.build({**LLAMA_CFG, **change})
+        adapter.build({**(OLMO_CFG if adapter is hf_olmo else LLAMA_CFG), **change})
     msg = str(e.value)
     assert option in msg and "\n" not in msg and msg.startswith(f"{adapter.HF.config_name} config uses"), msg
 
@@ -383,7 +398,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_neox", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture
@@ -468,6 +483,7 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     ("hf_qwen3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type='linear'"),
     ("hf_mistral", {"sliding_window": 8}, "sliding_window=8"),
     ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
+    ("hf_olmo", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     ("hf_bert", {"tie_word_embeddings": False}, "tie_word_embeddings=False"),
     ("hf_bert", {"hidden_size": 30}, "hidden_size=30 with 4 heads"),
     ("hf_roberta", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
@@ -520,7 +536,10 @@ def test_adapter_views_alias_the_module_and_canonical_copies_do_not(case: Case):
     views, copies = FAMILIES[case.family].to_canonical(model), canonical(model)
     assert views.keys() == copies.keys()
     shared = [k for k, v in views.items() if v.untyped_storage().data_ptr() in storages]
-    assert len(shared) >= len(views) - 2  # at most a couple of reshaped copies (e.g. a fused layout)
+    # OLMo stores no norm gains: its canonical gains of 1 are tensors of their own
+    unstored = [k for k in views if case.family == hf_olmo.FAMILY and k.endswith(hf_olmo.NORMS)]
+    assert len(unstored) == (2 * model.arch.n_layers + 1 if case.family == hf_olmo.FAMILY else 0)
+    assert len(shared) + len(unstored) >= len(views) - 2  # at most a couple of reshaped copies (e.g. a fused layout)
     assert not any(v.untyped_storage().data_ptr() in storages for v in copies.values())
     assert all(torch.equal(views[k], copies[k]) for k in views)
 
