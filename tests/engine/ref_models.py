@@ -151,3 +151,14 @@ def rope_pair(seed_b: int = 1, dtype: torch.dtype = F64):
     a, b = build(cfg, seed=0, dtype=dtype), build(cfg, seed=seed_b, dtype=dtype)
     kinds = default_classes(build_spec(a.arch, canonical(a)))
     return prepare_pair(a, b, kinds), kinds
+
+
+def dims_only_report(directory, config: dict, capsys) -> dict:
+    """The JSON report of `python -m engine symmetry DIR --dims-only --json` on a directory holding `config` alone."""
+    import json
+
+    from engine.cli import main
+
+    (directory / "config.json").write_text(json.dumps(config))
+    assert main(["symmetry", str(directory), "--dims-only", "--json"]) == 0
+    return json.loads(capsys.readouterr().out)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from ref_models import random_model, rel_err, tiny
+from ref_models import dims_only_report, random_model, rel_err, tiny
 from safetensors.torch import load_file, save_file
 
 from engine.align.forward import twin
@@ -387,9 +387,7 @@ PYTHIA_160M = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox"
 
 
 def test_symmetry_dims_only_from_a_pythia_config(tmp_path: Path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps(PYTHIA_160M))
-    assert main(["symmetry", str(tmp_path), "--dims-only", "--json"]) == 0
-    rep = json.loads(capsys.readouterr().out)
+    rep = dims_only_report(tmp_path, PYTHIA_160M, capsys)
     c = PYTHIA_160M
     L, D, h, m = c["num_hidden_layers"], c["hidden_size"], c["num_attention_heads"], c["intermediate_size"]
     d = D // h
