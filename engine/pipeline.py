@@ -5,6 +5,7 @@ the stores built from them are engine.builders'."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -60,7 +61,9 @@ class ModelInfo:
         a = self.arch
         return (f"{self.label}, {a.n_layers} layers, D = {a.d_model:,}, {a.n_heads} heads"
                 + (f" ({a.n_kv_heads} KV groups)" if a.n_kv_heads < a.n_heads else "")
-                + f", {PE_NAMES.get(a.pe, a.pe)}" + (" with QK-norm" if a.qk_norm else ""))
+                + f", {PE_NAMES.get(a.pe, a.pe)}"
+                + (f" ({json.loads(a.rope_scaling)['rope_type']} frequency scaling)" if a.rope_scaling else "")
+                + (" with QK-norm" if a.qk_norm else ""))
 
 
 def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:

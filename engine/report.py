@@ -7,6 +7,7 @@ its text table.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -81,6 +82,7 @@ def format_report(report: dict) -> str:
     lines = [f"{report['model']} ({report['family']}): {a['task']}, {a['n_layers']} layers, D={a['d_model']}, "
              f"h={a['n_heads']} (kv {a['n_kv_heads']}), d={a['d_head']}, m={a['d_mlp']}, pe={a['pe']}"
              + (f" ({a['rope_layout']}, rotary {a['rotary_dim']})" if a["pe"] == "rope" else "")
+             + (f", {json.loads(a['rope_scaling'])['rope_type']} frequency scaling" if a.get("rope_scaling") else "")
              + (", QK-norm" if a.get("qk_norm") else "")
              + f", {a['norm']}, {a['mlp']}"]
 

@@ -370,7 +370,7 @@ _ARCH = _obj({
     **{k: _whole(hi=MAX_LAYERS if k == "n_layers" else MAX_WIDTH) for k in _DIMS},
     "n_out": _whole(hi=MAX_COUNT), "n_ctx": _whole(hi=MAX_COUNT), "rotary_dim": _whole(hi=MAX_WIDTH),
     "rope_base": _real(lo=0), "norm_eps": _real(lo=0), "family": _text(64), "task": _text(64), "pe": _text(64),
-    "rope_layout": _text(64, null=True), "norm": _text(64), "mlp": _text(64),
+    "rope_layout": _text(64, null=True), "norm": _text(64), "mlp": _text(64), "rope_scaling": _text(1024),
     **{k: _flag() for k in ("norm_bias", "attn_bias", "out_bias", "mlp_bias", "head_bias", "tied_embeddings", "causal",
                             "parallel_residual", "qk_norm")},
 }, required=_DIMS)

@@ -207,6 +207,7 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "qkv_bias": a.attn_bias and not bias,
         "head_bias": a.head_bias,
         "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual, "qk_norm": a.qk_norm,
+        "rope_scaling": a.rope_scaling,
     }
     if a.task == "lm":
         kw.update(vocab_size=a.n_out, n_ctx=a.n_ctx)

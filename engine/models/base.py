@@ -85,9 +85,13 @@ class Arch:
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)) (GPT-J / GPT-NeoX) instead of sequential
     qk_norm: bool = False  # per-head RMSNorm on q and k before RoPE, one gain [d] each per layer (Qwen3)
     post_norm: bool = False  # LayerNorm after each residual add, LN(x + sublayer(x)), and on the embeddings (BERT)
+    # RoPE frequencies scaled beyond the base (Llama 3's "llama3", "linear"): reference.rope_scaling's canonical
+    # JSON; "" for standard RoPE. The group is the same (the scaled frequencies stay distinct); the function differs
+    rope_scaling: str = ""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        # rope_scaling only when set: the records and reports of standard RoPE read and compare as they were written
+        return {k: v for k, v in asdict(self).items() if k != "rope_scaling" or v}
 
     def mismatch(self, other: Arch) -> str | None:
         """The first field in which two architectures differ, as a phrase, or None."""

@@ -42,7 +42,7 @@ from engine.models.hf_family import (
     LINEAR,
     QUERY,
     QUERY_BIAS,
-    ROPE_SCALING,
+    SCALED_ROPE,
     WRITER,
     HFFamily,
     Key,
@@ -50,6 +50,7 @@ from engine.models.hf_family import (
     Refuse,
     activation,
 )
+from engine.models.reference import rope_scaling
 
 # ---------------------------------------------------------------------------------------------
 # Float64-faithful RMSNorm and RoPE (see the module docstring)
@@ -115,7 +116,7 @@ def summary(family: str, biases: Callable[[object], tuple[bool, bool, bool]], wi
         rope_base=float(rp.get("rope_theta", 10000.0)), norm="rmsnorm" if layernorm_eps is None else "layernorm",
         norm_bias=False, norm_eps=config.rms_norm_eps if layernorm_eps is None else layernorm_eps, mlp="swiglu", attn_bias=attn_bias, out_bias=out_bias,
         mlp_bias=mlp_bias, head_bias=False, tied_embeddings=bool(config.tie_word_embeddings), causal=True,
-        qk_norm=qk_norm,
+        qk_norm=qk_norm, rope_scaling=rope_scaling(rp),
     )
 
 
@@ -153,7 +154,7 @@ KEYS = KeyMap(
 )
 
 
-REFUSALS = (ROPE_SCALING, activation("hidden_act", ("silu",), "the gated MLP must be SwiGLU (silu)"))
+REFUSALS = (SCALED_ROPE, activation("hidden_act", ("silu",), "the gated MLP must be SwiGLU (silu)"))
 
 
 def decoder_family(name: str, model_type: str, prefix: str, reference: str,

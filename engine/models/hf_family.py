@@ -30,6 +30,7 @@ from engine.errors import ModelError
 from engine.models import native as nat
 from engine.models.base import Arch, Family, Model, Params
 from engine.models.io import HF_RULES, check_fields, read_config, refuse_optional_features
+from engine.models.reference import ROPE_SCALINGS
 
 Refuse = Callable[[str, str], None]  # refuse(option, why) raises the family's one-sentence ModelError
 
@@ -126,6 +127,11 @@ class Refusal:
 ROPE_SCALING = Refusal(lambda c: nat.rope_parameters(c).get("rope_type", "default") != "default",
                        "rope_type={c.rope_parameters[rope_type]!r}",
                        "RoPE frequency scaling; only standard RoPE is supported")
+# the Llama-layout families: standard RoPE, or the frequency scalings the reference family computes as well
+SCALED_ROPE = Refusal(
+    lambda c: nat.rope_parameters(c).get("rope_type", "default") not in ("default", *ROPE_SCALINGS),
+    "rope_type={c.rope_parameters[rope_type]!r}",
+    f"RoPE frequency scaling other than {' or '.join(repr(k) for k in ROPE_SCALINGS)}, the only ones supported")
 
 
 def activation(field: str, supported: Sequence[str], why: str = "") -> Refusal:
@@ -175,8 +181,9 @@ class HFFamily:
 
         try:
             return _transformers(self.config_class)(**{k: v for k, v in config.items() if k != "model_type"})
-        except (StrictDataclassError, TypeError, ValueError) as e:
-            lines = [s.strip() for s in str(e).strip().splitlines() if s.strip()]
+        except (StrictDataclassError, TypeError, ValueError, KeyError) as e:  # KeyError: a RoPE parameter missing
+            text = str(e.args[0]) if isinstance(e, KeyError) and e.args else str(e)
+            lines = [s.strip() for s in text.strip().splitlines() if s.strip()]
             why = " ".join(lines[:2])[:300] or type(e).__name__
             raise ModelError(f"{source} is not a valid {self.config_name} config ({why}).") from None
 

@@ -231,7 +231,8 @@ HF_RULES: dict = {
     "sliding_window": "opt_size", "use_sliding_window": "bool", "max_window_layers": "count",
     "activation_function": "str", "hidden_act": "str",
     "rope_parameters": {"rope_type": "str", "rope_theta": "positive", "partial_rotary_factor": "fraction",
-                        "factor": "positive"},
+                        "factor": "positive", "low_freq_factor": "positive", "high_freq_factor": "positive",
+                        "original_max_position_embeddings": "size"},
     "rope_scaling": "opt_dict",
 }
 

@@ -64,15 +64,16 @@ def rope_parameters(config) -> dict:
 @functools.cache
 def rotary64(Rotary: type) -> type:
     """A float64-faithful subclass of an HF rotary-embedding class with half-split pairs (Llama's layout:
-    `inv_freq` [r/2], `config.rope_parameters["rope_theta"]`, `attention_scaling`)."""
+    `inv_freq` [r/2], `config.rope_parameters`, `attention_scaling`): the frequencies of the reference family,
+    frequency scaling included (engine.models.reference.rope_frequencies)."""
+    from engine.models.reference import rope_frequencies, rope_scaling
 
     class Rotary64(Rotary):
         def forward(self, x: torch.Tensor, position_ids: torch.Tensor):
             if x.dtype != torch.float64:
                 return super().forward(x, position_ids)
-            r = self.inv_freq.shape[0] * 2
-            base = float(self.config.rope_parameters["rope_theta"])
-            inv = base ** (-torch.arange(0, r, 2, dtype=torch.float64, device=x.device) / r)  # [r/2]
+            r, rp = self.inv_freq.shape[0] * 2, rope_parameters(self.config)
+            inv = rope_frequencies(r, float(rp["rope_theta"]), rope_scaling(rp)).to(x.device)  # [r/2]
             freqs = position_ids[..., None].to(torch.float64) * inv  # [B, T, r/2]
             emb = torch.cat((freqs, freqs), -1)  # [B, T, r]: half-split pairs share a frequency
             return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling

@@ -13,6 +13,7 @@ Saved as config.json + model.safetensors; a reload is bit-identical.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -56,6 +57,7 @@ class RefConfig:
     n_classes: int = 10
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)): both branches read the same x
     qk_norm: bool = False  # RMSNorm over each head's q and k (gains [d_head] shared by the heads), before RoPE
+    rope_scaling: str = ""  # a RoPE frequency scaling (rope_scaling(); ROPE_SCALINGS), "" for standard RoPE
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -81,6 +83,15 @@ class RefConfig:
         need(self.task == "lm" or self.image_size % self.patch_size == 0,
              f"image_size {self.image_size} is not divisible by patch_size {self.patch_size}")
         need(self.task == "vit" or self.vocab_size >= 1, "vocab_size must be positive")
+        need(not self.rope_scaling or self.pe == "rope", "rope_scaling applies to RoPE only")
+        if self.rope_scaling:
+            try:
+                p = json.loads(self.rope_scaling)
+                ok = p["rope_type"] in ROPE_SCALINGS and all(float(p[k]) > 0 for k in ROPE_SCALINGS[p["rope_type"]])
+            except (ValueError, TypeError, KeyError, AttributeError):
+                ok = False
+            need(ok, f"rope_scaling must name one of {sorted(ROPE_SCALINGS)} with its positive parameters, not "
+                     f"{self.rope_scaling[:200]!r}")
         need(not self.qk_norm or (self.pe == "rope" and self.rot_dim == self.head_dim),
              "qk_norm needs RoPE on the whole head (as in Qwen3), the only QK-norm layout with a symmetry spec")
 
@@ -93,8 +104,9 @@ class RefConfig:
     n_out = property(lambda s: s.vocab_size if s.task == "lm" else s.n_classes)
 
     def to_dict(self) -> dict:
-        # qk_norm only when set, so that configs without it (the zoo's) read and compare as they were written
-        return {"family": FAMILY, **{k: v for k, v in asdict(self).items() if k != "qk_norm" or v}}
+        # qk_norm and rope_scaling only when set, so that configs without them (the zoo's) read and compare as they
+        # were written
+        return {"family": FAMILY, **{k: v for k, v in asdict(self).items() if k not in ("qk_norm", "rope_scaling") or v}}
 
     @classmethod
     def from_dict(cls, d: dict) -> RefConfig:
@@ -114,7 +126,7 @@ class RefConfig:
             norm_eps=self.norm_eps, mlp=self.mlp, attn_bias=self.bias or self.qkv_bias, out_bias=self.bias,
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
-            parallel_residual=self.parallel_residual, qk_norm=self.qk_norm,
+            parallel_residual=self.parallel_residual, qk_norm=self.qk_norm, rope_scaling=self.rope_scaling,
         )
 
 
@@ -132,9 +144,38 @@ def sinusoidal_table(n_pos: int, d: int, dtype=torch.float32) -> torch.Tensor:
     return P.to(dtype)  # [T, d]
 
 
-def rope_frequencies(rot_dim: int, base: float) -> torch.Tensor:
-    """omega_j = base^(-2j / r), j < r/2 (RoFormer): distinct, in (0, 1]."""
-    return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)  # [r/2]
+# Frequency scalings the reference family computes, as HF's rope_parameters name them, with the parameters each reads
+ROPE_SCALINGS = {"linear": ("factor",),
+                 "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def rope_scaling(params: dict) -> str:
+    """The canonical form of a RoPE frequency scaling (Arch.rope_scaling, RefConfig.rope_scaling): the
+    rope_parameters that set the frequencies beyond the base, as sorted JSON; "" for standard RoPE."""
+    kind = params.get("rope_type", "default")
+    if kind == "default":
+        return ""
+    return json.dumps({"rope_type": kind, **{k: params[k] for k in ROPE_SCALINGS[kind]}}, sort_keys=True)
+
+
+def rope_frequencies(rot_dim: int, base: float, scaling: str = "") -> torch.Tensor:
+    """omega_j = base^(-2j / r), j < r/2 (RoFormer): distinct, in (0, 1]; then the frequency scaling, in
+    float64: linear (every omega_j / factor) or Llama 3's (wavelengths beyond original_max / low_freq_factor
+    divided by factor, below original_max / high_freq_factor kept, a smooth blend between). Scaled
+    frequencies stay distinct, so the RoPE group (one complex scalar per pair) is the same."""
+    w = base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)  # [r/2]
+    if not scaling:
+        return w
+    p = json.loads(scaling)
+    factor = float(p["factor"])
+    if p["rope_type"] == "linear":
+        return w / factor
+    n, lo, hi = float(p["original_max_position_embeddings"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    wavelen = 2 * math.pi / w
+    scaled = torch.where(wavelen > n / lo, w / factor, w)
+    smooth = (n / wavelen - lo) / (hi - lo)
+    medium = ~(wavelen < n / hi) & ~(wavelen > n / lo)
+    return torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
 
 
 def rope_pairs(rot_dim: int, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -317,7 +358,7 @@ def tables(cfg: RefConfig) -> dict[str, torch.Tensor]:
     if cfg.pe == "sinusoidal":
         return {"pos_sin": sinusoidal_table(cfg.seq_len, cfg.d_model)}
     if cfg.pe == "rope":
-        w = rope_frequencies(cfg.rot_dim, cfg.rope_base)  # [r/2]
+        w = rope_frequencies(cfg.rot_dim, cfg.rope_base, cfg.rope_scaling)  # [r/2]
         ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * w  # [T, r/2]
         # Kept in float64: `.to(dtype)` rounds them for float32 models, while float64 models get
         # exact tables (needed to match other RoPE implementations to 1e-10).

@@ -95,6 +95,13 @@ def _hf_cases() -> dict:
                                             "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 0,
                                             "rope_theta": 500.0}, seed=0, dtype=F64),
         "hf_qwen2": lambda: _with_qkv_biases(hf_qwen2.build(llama, seed=0, dtype=F64)),
+        # Llama 3's RoPE frequency scaling (the original context short enough to scale the tiny model's frequencies)
+        "hf_llama_llama3": lambda: hf_llama.build({**{k: v for k, v in llama.items() if k != "rope_theta"},
+                                                   "rope_parameters": {"rope_type": "llama3", "rope_theta": 500.0,
+                                                                       "factor": 8.0, "low_freq_factor": 1.0,
+                                                                       "high_freq_factor": 4.0,
+                                                                       "original_max_position_embeddings": 8}},
+                                                  seed=0, dtype=F64),
         "hf_mistral": lambda: hf_mistral.build({**llama, "head_dim": 12}, seed=0, dtype=F64),
         # LayerNorms without parameters, biases on all four attention projections (randomised)
         "hf_olmo": lambda: _with_qkv_biases(hf_olmo.build({**llama, "attention_bias": True, "pad_token_id": 0}, seed=0,
@@ -116,7 +123,7 @@ REF_CASES = {
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
     "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_llama_llama3", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "timm_vit"]
 
 
 def make_case(name: str) -> Model:

@@ -56,6 +56,11 @@ BERT_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_
             "num_attention_heads": 4, "max_position_embeddings": 16, "layer_norm_eps": 1e-5}
 # RoBERTa numbers positions from pad_token_id + 1 (1 here): 18 rows hold a context of 16
 ROBERTA_CFG = {**BERT_CFG, "max_position_embeddings": 18, "type_vocab_size": 1}
+# Llama 3's RoPE frequency scaling, with an original context short enough (8) that the tiny model's four
+# frequencies fall in all three of its regimes (divided by the factor, blended, kept)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+LLAMA3_CFG = {**{k: v for k, v in LLAMA_CFG.items() if k != "rope_theta"}, "rope_parameters": LLAMA3_ROPE}
 # OLMo: Llama's sizes, LayerNorms without parameters (its config has no rms_norm_eps)
 OLMO_CFG = {k: v for k, v in LLAMA_CFG.items() if k != "rms_norm_eps"} | {"pad_token_id": 0}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -107,6 +112,15 @@ CASES = {
         seed=s, dtype=F64), RefConfig(
         **REF_LM, n_kv_heads=2, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
         norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", bias=True, tied_embeddings=True)),
+    # Llama 3's frequency scaling (the reference family computes it too), and linear scaling on a Qwen2
+    "hf_llama_llama3": Case("hf_llama", lambda s: hf_llama.build(LLAMA3_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0, norm="rmsnorm",
+        norm_eps=1e-5, mlp="swiglu", rope_scaling=reference.rope_scaling(LLAMA3_ROPE))),
+    "hf_qwen2_linear_rope": Case("hf_qwen2", lambda s: hf_qwen2.build(
+        {**LLAMA3_CFG, "rope_parameters": {"rope_type": "linear", "rope_theta": 500.0, "factor": 4.0}}, seed=s,
+        dtype=F64), RefConfig(**REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
+                              norm="rmsnorm", norm_eps=1e-5, mlp="swiglu", qkv_bias=True,
+                              rope_scaling='{"factor": 4.0, "rope_type": "linear"}')),
     # Qwen2: biases on Q, K and V only (the reference family's qkv_bias); untied with a sliding layer whose window
     # is the whole context, and tied as the small Qwen2.5 models
     "hf_qwen2": Case("hf_qwen2", lambda s: hf_qwen2.build(QWEN2_CFG, seed=s, dtype=F64), RefConfig(
@@ -278,16 +292,19 @@ def test_canonical_params_run_in_the_reference_family(name: str):
     assert diff <= {"family", "rope_base"} and ("rope_base" not in diff or model.arch.pe != "rope")
 
 
-@pytest.mark.parametrize(("adapter", "prefix", "norm"), [
-    (hf_llama, "Llama", "RMSNorm"), (hf_qwen2, "Qwen2", "RMSNorm"), (hf_qwen3, "Qwen3", "RMSNorm"),
-    (hf_mistral, "Mistral", "RMSNorm"), (hf_olmo, "Olmo", "LayerNorm")], ids=lambda a: getattr(a, "FAMILY", a))
-def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter, prefix: str, norm: str):
+@pytest.mark.parametrize(("name", "adapter", "prefix", "norm"), [
+    ("hf_llama", hf_llama, "Llama", "RMSNorm"), ("hf_llama_llama3", hf_llama, "Llama", "RMSNorm"),
+    ("hf_qwen2", hf_qwen2, "Qwen2", "RMSNorm"), ("hf_qwen2_linear_rope", hf_qwen2, "Qwen2", "RMSNorm"),
+    ("hf_qwen3", hf_qwen3, "Qwen3", "RMSNorm"), ("hf_mistral", hf_mistral, "Mistral", "RMSNorm"),
+    ("hf_olmo", hf_olmo, "Olmo", "LayerNorm")], ids=lambda a: a if isinstance(a, str) else "")
+def test_stock_hf_llama_is_only_float32_accurate_in_float64(name: str, adapter, prefix: str, norm: str):
     """Why the Llama-layout adapters swap in float64-faithful norms and RoPE (engine/models/hf_decoder.py,
-    hf_olmo.py)."""
+    hf_olmo.py); with a frequency scaling, also that the reference family's scaled frequencies are
+    transformers' own (to float32 rounding; unscaled ones would be off by order one)."""
     from engine.models.hf_decoder import hf_class
 
     RMSNorm, Rotary = (hf_class(adapter.MODEL_TYPE, f"{prefix}{n}") for n in (norm, "RotaryEmbedding"))
-    case = CASES[adapter.FAMILY]
+    case = CASES[name]
     model = randomise(case.build(0), 3)
     ref = reference.build(case.ref, dtype=F64)
     reference.from_canonical(ref, adapter.to_canonical(model))
@@ -306,7 +323,7 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(adapter, prefix: str
     (hf_qwen2, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     (hf_qwen3, {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1}, "sliding_window=8"),
     (hf_mistral, {"sliding_window": 15}, "sliding_window=15"),
-    (hf_mistral, {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    (hf_mistral, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
     (hf_olmo, {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     (hf_olmo, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
 ])
@@ -459,9 +476,12 @@ def test_unsupported_model_type_is_refused(saved):
 @pytest.mark.parametrize(("saved", "change", "option"), [
     ("hf_gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx"),
     ("hf_gpt2", {"activation_function": "gelu_fast"}, "gelu_fast"),
-    ("hf_llama", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    ("hf_llama", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
     ("hf_llama", {"hidden_act": "gelu"}, "hidden_act"),
-    ("hf_qwen2", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
+    ("hf_llama", {"rope_parameters": {k: v for k, v in LLAMA3_ROPE.items() if k != "low_freq_factor"}},
+     "not a valid Llama config (Missing required keys in `rope_parameters` for 'rope_type'='llama3': {'low_freq_factor'})"),
+    ("hf_llama", {"rope_parameters": {**LLAMA3_ROPE, "high_freq_factor": -4}}, "high_freq_factor must be a positive"),
+    ("hf_qwen2", {"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
     ("hf_qwen2", {"use_sliding_window": True, "sliding_window": 8,
                   "layer_types": ["full_attention", "sliding_attention"]}, "sliding_window=8"),
     ("hf_qwen2", {"use_sliding_window": False, "layer_types": ["sliding_attention", "full_attention"]},
@@ -480,7 +500,7 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     ("hf_gpt2", {"add_cross_attention": True}, "add_cross_attention=True"),
     ("hf_llama", {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     ("hf_qwen2", {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 0}, "sliding_window=8"),
-    ("hf_qwen3", {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}}, "rope_type='linear'"),
+    ("hf_qwen3", {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type='dynamic'"),
     ("hf_mistral", {"sliding_window": 8}, "sliding_window=8"),
     ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ("hf_olmo", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
@@ -583,3 +603,60 @@ def test_published_qwen2_and_mistral_configs_and_their_group_dimensions():
     with pytest.raises(ModelError, match="sliding_window=4096") as e:
         arch_from_config({**MISTRAL_7B, "sliding_window": 4096}, "Mistral-7B-v0.1's config.json")
     assert str(e.value).startswith("Mistral-7B-v0.1's config.json uses sliding_window=4096") and "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE frequency scaling (Llama 3): the same group, another function
+
+
+def test_llama3_frequency_scaling_keeps_the_rope_group_and_changes_the_function():
+    from engine.checks import break_tests, invariance_checks
+
+    model = randomise(CASES["hf_llama_llama3"].build(0), 3)
+    assert json.loads(model.arch.rope_scaling) == {k: v for k, v in LLAMA3_ROPE.items() if k != "rope_theta"}
+    x = inputs(CASES["hf_llama_llama3"])
+    rows = {r["group"]: r for r in invariance_checks(model, k=2, inputs=x)}
+    assert {"heads", "mlp", "qk", "vo", "residual_orth"} <= set(rows)
+    assert all(r["exact"] and r["max_rel_change"] < 1e-10 for r in rows.values()), rows
+    assert all(r["max_rel_change"] > 1e-3 for r in break_tests(model, inputs=x))
+    # the same weights with standard frequencies are another function
+    plain = hf_llama.build(LLAMA_CFG, dtype=F64)
+    hf_llama.from_canonical(plain, canonical(model))
+    with torch.no_grad():
+        assert rel_err(hf_llama.logits(plain, x), hf_llama.logits(model, x)) > 1e-2
+
+
+def test_llamas_with_other_rope_scalings_are_not_one_architecture(tmp_path: Path):
+    from engine.errors import ArchitectureMismatch
+    from engine.pipeline import check_pair
+
+    hf_llama.HF.save(CASES["hf_llama_llama3"].build(0), tmp_path / "a")
+    hf_llama.HF.save(CASES["hf_llama"].build(1), tmp_path / "b")
+    with pytest.raises(ArchitectureMismatch) as e:
+        check_pair(str(tmp_path / "a"), str(tmp_path / "b"))
+    msg = str(e.value)
+    assert "rope_scaling is '{" in msg and "llama3" in msg and "\n" not in msg
+
+
+# Llama-3.2-1B's config.json
+LLAMA_3_2_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+                "bos_token_id": 128000, "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+                "hidden_size": 2048, "intermediate_size": 8192, "max_position_embeddings": 131072,
+                "mlp_bias": False, "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+                "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+                                                         "low_freq_factor": 1.0,
+                                                         "original_max_position_embeddings": 8192,
+                                                         "rope_type": "llama3"},
+                "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+                "vocab_size": 128256}
+
+
+def test_the_llama_3_2_1b_config_reads_with_its_frequency_scaling(tmp_path: Path, capsys):
+    from ref_models import dims_only_report
+
+    rep = dims_only_report(tmp_path, LLAMA_3_2_1B, capsys)
+    a, by = rep["arch"], rep["group_dim"]["by_kind"]
+    assert rep["family"] == "hf_llama" and a["tied_embeddings"] and a["n_kv_heads"] == 8
+    assert json.loads(a["rope_scaling"]) == {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                             "original_max_position_embeddings": 8192, "rope_type": "llama3"}
+    assert by["qk"] == 16 * 8 * 64  # one complex scalar per frequency pair and KV group, as without the scaling
