@@ -137,8 +137,11 @@ def test_weight_matching_recovers_a_planted_element(name):
     assert endpoint_check(b, al, es, r["endpoint_loss_b"])["rel_diff"] < 1e-9
 
 
-@pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama", "hf_qwen2"])
+@pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama", "hf_llama_llama3", "hf_qwen2",
+                                  "hf_olmo"])
 def test_activation_matching_recovers_a_planted_element(name):
+    """Through the reference-family twin (engine.align.forward.twin), Llama 3's scaled RoPE frequencies and OLMo's
+    LayerNorm rewrite included."""
     a = make_case(name)
     b, g_star, _ = planted(a)
     al = align(a, b, "activation")
