@@ -100,6 +100,16 @@ from engine.zoo import manifest as zoo_manifest  # noqa: F401
 # What a page asks of the registries
 
 
+def rope_frequencies(arch: dict) -> list[float] | None:
+    """omega_j of each RoPE frequency pair of a record's or report's architecture, its frequency scaling
+    applied; None without RoPE."""
+    from engine.models.reference import rope_frequencies as freqs
+
+    if arch.get("pe") != "rope" or not arch.get("rotary_dim"):
+        return None
+    return freqs(arch["rotary_dim"], float(arch["rope_base"]), arch.get("rope_scaling") or "").tolist()
+
+
 def class_names() -> tuple[str, ...]:
     """Every symmetry class an aligner can be restricted to."""
     from engine.classes import CLASSES

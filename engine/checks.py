@@ -440,7 +440,7 @@ def rope_breaking(arch: Arch, n_ctx: int | None = None, model: Model | None = No
         return []
     T = n_ctx or arch.n_ctx
     r, d = arch.rotary_dim, arch.d_head
-    w = rope_frequencies(r, arch.rope_base)  # [r/2]
+    w = rope_frequencies(r, arch.rope_base, arch.rope_scaling)  # [r/2]
     n = torch.arange(T, dtype=torch.float64)  # relative offsets 0..T-1
     sin = (w[:, None] * n).sin().abs()  # [r/2, T]
     rows = [{"pair": j, "omega": float(w[j]), "omega_ctx": float(w[j] * T), "strength": float(sin[j].max()),

@@ -105,7 +105,7 @@ class CircuitPath:
         cfg = doubled_config(a, self._pa)
         module = Transformer(cfg).to(dtype=p.dtype, device=self.device)
         if arch.pe == "rope":  # both halves rotate with the endpoints' own frequencies
-            w = rope_frequencies(arch.rotary_dim, arch.rope_base)  # [r/2]
+            w = rope_frequencies(arch.rotary_dim, arch.rope_base, arch.rope_scaling)  # [r/2]
             ang = torch.arange(cfg.seq_len, dtype=torch.float64)[:, None] * torch.cat([w, w])  # [T, r]
             module.rope_cos, module.rope_sin = ang.cos().to(self.device), ang.sin().to(self.device)
         self.work = Model("reference", cfg.arch(), module, cfg.to_dict(), name=f"circuits({a.name}, {b.name})")

@@ -243,7 +243,7 @@ def layer_detail(rec: dict, element: dict, colour: str) -> None:
         left, right = st.columns(2, gap="large")
         with left:
             z = L["rope_scalars"]
-            charts.show(alignment_figs.rope_scalars_figure(z["abs"], z["angle"], arch.get("rope_base"),
+            charts.show(alignment_figs.rope_scalars_figure(z["abs"], z["angle"], api.rope_frequencies(arch),
                                                            f"Q/K: RoPE complex scalars, layer {i}", group),
                         key="rope_scalars")
             st.markdown(r"RoPE leaves the Q/K map one complex number $z = r\,e^{i\varphi}$ per frequency pair: "

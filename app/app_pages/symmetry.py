@@ -1,7 +1,7 @@
 """Symmetry: which weight changes leave a Transformer's function unchanged, and how the positional
 encoding shapes that group.
 
-Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2, Qwen3). With weights the engine
+Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2, Qwen3, Llama-3.2, OLMo). With weights the engine
 checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
 the break tests (maps from larger groups that must change them); a config alone gives the group
 dimensions, instantly. All numbers come from `engine.report.symmetry_report` (docs/MATH.md;
@@ -9,6 +9,8 @@ section 7 for what the checks settled).
 """
 
 from __future__ import annotations
+
+import json
 
 import pandas as pd
 import streamlit as st
@@ -35,6 +37,16 @@ PRESETS = {
                            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
                            "max_position_embeddings": 40960, "vocab_size": 151936, "rms_norm_eps": 1e-6,
                            "rope_theta": 1000000.0},
+    "Llama-3.2-1B (RoPE frequency scaling)": {
+        "model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+        "vocab_size": 128256, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+    "OLMo-1B (LayerNorm without parameters)": {
+        "model_type": "olmo", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048, "vocab_size": 50304,
+        "rope_theta": 10000.0, "tie_word_embeddings": True, "pad_token_id": 1, "eos_token_id": 50279},
 }
 SOURCES = {"zoo": "Zoo model", "dir": "Model directory", "preset": "Preset config"}
 
@@ -141,6 +153,7 @@ def run(target: str, dims_only: bool, stamp: int) -> dict | None:
 
 def arch_line(a: dict) -> str:
     rope = f", {a['rope_layout']} pairs, {a['rotary_dim']} of {a['d_head']} dims rotated" if a["pe"] == "rope" else ""
+    rope += f", {json.loads(a['rope_scaling'])['rope_type']} frequency scaling" if a.get("rope_scaling") else ""
     rope += ", QK-norm" if a.get("qk_norm") else ""
     kv = f" ({a['n_kv_heads']} KV groups)" if a["n_kv_heads"] < a["n_heads"] else ""
     return (f"{a['family']} {a['task'].upper() if a['task'] == 'lm' else 'ViT'}: {a['n_layers']} layers, "

@@ -300,30 +300,26 @@ def matching_cost_figure(cost: dict, method: str = "weight", method_name: str = 
     return fig
 
 
-def rope_frequency(j: int, rotary_dim: int, base: float) -> float:
-    """omega_j = base^(-2j/r) (docs/MATH.md section 1; RoFormer's frequencies)."""
-    return base ** (-2 * j / rotary_dim)
-
-
 def group_name(n_kv_heads: int, n_heads: int) -> str:
     """What a within-head map acts on: a KV group under grouped-query attention, else one head."""
     return "KV group" if 0 < n_kv_heads < n_heads else "head"
 
 
 def rope_scalars_figure(modulus: Sequence[Sequence[float]], angle: Sequence[Sequence[float]],
-                        rope_base: float | None = None, title: str = "", group: str = "KV group") -> go.Figure:
+                        omegas: Sequence[float] | None = None, title: str = "", group: str = "KV group") -> go.Figure:
     """The complex scalars z_j = r e^{i phi} of each KV group's (or head's) Q/K map in H(d): one point per
-    frequency pair, angle phi around the circle, modulus r (the scale on q; k gets 1/r) outward."""
+    frequency pair, angle phi around the circle, modulus r (the scale on q; k gets 1/r) outward; `omegas`,
+    each pair's frequency (engine.api.rope_frequencies), for the hover."""
     fig = go.Figure()
     for c, (r, phi) in enumerate(zip(modulus, angle)):
         n = len(r)
-        omegas = [rope_frequency(j, 2 * n, rope_base) for j in range(n)] if rope_base else [None] * n
+        w = list(omegas) if omegas else [None] * n
         fig.add_trace(go.Scatterpolar(
             r=list(r), theta=[_degrees(p) for p in phi], mode="markers", name=f"{group} {c}",
             marker={"color": group_colour(c), "size": 9, "line": {"color": "white", "width": 1}},
-            customdata=[[j, w if w is not None else float("nan")] for j, w in enumerate(omegas)],
+            customdata=[[j, wj if wj is not None else float("nan")] for j, wj in enumerate(w)],
             hovertemplate=(f"{group} {c}, pair %{{customdata[0]}}"
-                           + (" (ω = %{customdata[1]:.3g})" if rope_base else "")
+                           + (" (ω = %{customdata[1]:.3g})" if omegas else "")
                            + "<br>r = %{r:.4f}, φ = %{theta:.1f}°<extra></extra>"),
         ))
     fig.update_layout(

@@ -10,6 +10,7 @@ from plotly_json import decode_plotly
 from app.figures import alignment as alignment_figs
 from app.figures import style
 from app.figures import symmetry as symmetry_figs
+from engine import api
 
 LAYERS = [
     {"head_perm": [1, 0, 3, 2], "kv_perm": [0, 1], "mlp_perm": [0, 1, 3, 2, 4, 5, 7, 6],
@@ -101,7 +102,8 @@ def test_matching_cost_bars_before_grey_after_in_the_methods_colour():
 
 def test_rope_scalars_polar_one_trace_per_kv_group_in_degrees():
     z = LAYERS[0]["rope_scalars"]
-    fig = alignment_figs.rope_scalars_figure(z["abs"], z["angle"], rope_base=10000.0)
+    fig = alignment_figs.rope_scalars_figure(z["abs"], z["angle"], api.rope_frequencies(
+        {"pe": "rope", "rotary_dim": 4, "rope_base": 10000.0}))
     assert len(fig.data) == 2 and all(t.type == "scatterpolar" for t in fig.data)
     assert list(fig.data[0].r) == [1.0, 1.2]
     assert list(fig.data[1].theta) == pytest.approx([-45.0, 180.0])
@@ -110,6 +112,13 @@ def test_rope_scalars_polar_one_trace_per_kv_group_in_degrees():
     assert fig.data[0].customdata[1][1] == pytest.approx(10000.0 ** (-2 * 1 / 4))
     assert "ω" in fig.data[0].hovertemplate
     assert "ω" not in alignment_figs.rope_scalars_figure(z["abs"], z["angle"]).data[0].hovertemplate
+    # with Llama 3's frequency scaling the hover names the scaled frequencies: the slow pair (wavelength 628, beyond
+    # 8 / 1) divided by the factor, the fast one (wavelength 2 pi, between 8 / 4 and 8 / 1) blended
+    scaled = api.rope_frequencies({"pe": "rope", "rotary_dim": 4, "rope_base": 10000.0, "rope_scaling": (
+        '{"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8, '
+        '"rope_type": "llama3"}')})
+    smooth = (8 / (2 * math.pi) - 1) / (4 - 1)
+    assert scaled == pytest.approx([(1 - smooth) / 8 + smooth, 0.01 / 8], rel=1e-12)
 
 
 def test_singular_values_one_panel_per_map_log_scale():
@@ -258,7 +267,7 @@ def test_every_new_figure_reaches_the_browser_with_its_traces_and_numbers():
         alignment_figs.head_permutation_figure(L["head_perm"], 2), alignment_figs.head_permutations_overview([L["head_perm"]] * 7),
         alignment_figs.head_cost_figure(COST, L["head_perm"], 2), alignment_figs.mlp_similarity_figure(SIM),
         alignment_figs.mlp_similarity_overview([SIM]),
-        alignment_figs.rope_scalars_figure(L["rope_scalars"]["abs"], L["rope_scalars"]["angle"], 10000.0),
+        alignment_figs.rope_scalars_figure(L["rope_scalars"]["abs"], L["rope_scalars"]["angle"], [1.0, 0.01]),
         alignment_figs.singular_values_figure({"V/O map": L["vo_singular_values"]}),
         alignment_figs.residual_concentration_figure({"kind": "permutation", "perm": [1, 0]}),
         symmetry_figs.invariance_figure(CHECKS, BREAKS), symmetry_figs.group_dim_figure({"qk": 1}),

@@ -35,6 +35,21 @@ def metrics(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+@pytest.mark.parametrize(("preset", "phrase"), [("Llama-3.2-1B (RoPE frequency scaling)", "llama3 frequency scaling"),
+                                                ("OLMo-1B (LayerNorm without parameters)", "hf_olmo LM")])
+def test_the_llama_3_and_olmo_presets_read_and_keep_the_rope_group(preset: str, phrase: str):
+    from app.app_pages.symmetry import PRESETS
+
+    at = page("preset")
+    at.selectbox(key="sym_preset").select(preset).run()
+    assert not at.exception
+    assert any(phrase in m.value for m in at.markdown)
+    rep = symmetry_report(PRESETS[preset], dims_only=True)
+    a = rep["arch"]
+    # the RoPE commutant: one complex scalar per frequency pair and KV group, scaled frequencies or not
+    assert rep["group_dim"]["by_kind"]["qk"] == a["n_layers"] * a["n_kv_heads"] * a["d_head"]
+
+
 def test_presets_count_dimensions_from_the_config_alone():
     from app.app_pages.symmetry import PRESETS
 
