@@ -249,7 +249,9 @@ def dims_section(rep: dict, by_pe: dict[str, dict]) -> None:
 def rope_section(rep: dict) -> None:
     a = rep["arch"]
     st.subheader("How strongly RoPE breaks GL(d), pair by pair")
-    st.markdown(f"Frequency pair j turns by ω_j = {a['rope_base']:g}^(−2j/r) per position. A Q/K map that mixes the "
+    scaled = (f" before its {json.loads(a['rope_scaling'])['rope_type']} frequency scaling (which changes the "
+              "frequencies, not the group)") if a.get("rope_scaling") else ""
+    st.markdown(f"Frequency pair j turns by ω_j = {a['rope_base']:g}^(−2j/r) per position{scaled}. A Q/K map that mixes the "
                 f"two coordinates of pair j beyond a complex scalar changes attention by about |sin(ω_j n)| at "
                 f"offset n; over a context of T = {a['n_ctx']:,} the worst case is what is drawn. Fast pairs "
                 "(ω·T ≫ 1) are fully broken; slow pairs barely rotate within the context, so on them the lost "
