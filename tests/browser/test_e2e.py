@@ -20,7 +20,9 @@ def test_connectivity_page_draws_the_barrier_curve(page, streamlit_url):
     page.wait_for_selector(CHART + " .scatterlayer .trace path")
     wait_idle(page)
     assert page.locator(EXC).count() == 0
-    assert page.locator('[data-testid="stDataFrame"]').count() >= 1  # the numbers: one table under the chart
+    # the numbers: one table under the chart (drawn after the chart; on a loaded machine a moment later)
+    page.wait_for_selector('[data-testid="stDataFrame"]')
+    assert page.locator('[data-testid="stDataFrame"]').count() >= 1
     # "Loss" once the records carry train curves (drawn on the same axis), "Test loss" for older ones
     assert page.locator(CHART + " .ytitle").first.text_content().startswith(("Test loss (nats/", "Loss (nats/"))
     assert page.get_by_role("button", name="Run").is_enabled()
