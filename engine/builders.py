@@ -47,14 +47,15 @@ DEFAULT_EVAL_ITEMS = 65_536
 # default (400 steps of 16 sequences for LMs): on the small LM tier, 1,600 steps of 16 sequences. With the
 # LMs' MLP permutation kept (learned.DEFAULT_CANDIDATES) that reaches a lower barrier than 1,600 steps of 64
 # did with it learned, in a quarter of the seconds (bench/RESULTS.md, "Learning the MLP permutation"); both
-# were still falling at their ends. On the ViT pairs, 1,600 steps (twice the interactive 800): their best
+# were still falling at their ends. On the ViT pairs, 3,200 steps (four times the interactive 800): the best
 # validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
-# 0.003, vit-sinusoidal 0.053 -> 0.032) and not from 1,600 to 3,200 (vit-rope 0.0346), for two to five minutes of
-# one core (bench/RESULTS.md, "Converged ViT records"). On the medium LM tier, 800 steps of 16: its validation
-# barrier was still falling at 400 (0.145 at step 200, 0.108 at 400), and a step costs about 2 s of one core
-# there, so 800 steps are half an hour a run and 1,600 an hour. A record's config holds its steps and batch
+# 0.003, vit-sinusoidal 0.053 -> 0.032), and from 1,600 to 3,200 vit-sinusoidal's fell fourfold (0.032 -> 0.008)
+# while vit-rope's held (0.034 -> 0.035), for two to ten minutes of
+# one core (bench/RESULTS.md, "Converged ViT records"). On the medium LM tier, 1,600 steps of 16 as well: at
+# 800 every medium record was still lowering its validation barrier over its last fifth, and a step costs about
+# 2 s of one core there, so 1,600 steps are an hour a run. A record's config holds its steps and batch
 # (None: the default batch).
-CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (1600, None), ("lm", "medium"): (1600, None)}
+CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (3200, None), ("lm", "medium"): (1600, None)}
 
 
 def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:
