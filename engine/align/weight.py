@@ -548,16 +548,28 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             yield from zip(summed_circuits(arch, pa, layer, wd), summed_circuits(arch, pb, layer, wd))
 
     stacked = list(circuit_pairs()) if kept else None
+
+    def cross(Ow: Tensor, first: bool, second: bool) -> tuple[Tensor | None, Tensor | None]:
+        """S1 = sum X_B Omega X_A^T (the linearised objective's own term) and S2 = sum X_B^T Omega X_A (its
+        gradient's other half) [D, D], each when asked; one circuit pair at a time: temporaries of D x D."""
+        S1 = torch.zeros(D, D, dtype=wd) if first else None
+        S2 = torch.zeros(D, D, dtype=wd) if second else None
+        for xa, xb in stacked or circuit_pairs():
+            if first:
+                S1 += xb @ Ow @ xa.mT
+            if second:
+                S2 += xb.mT @ Ow @ xa
+        return (None if S1 is None else S1.to(F64)), (None if S2 is None else S2.to(F64))
+
     O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)
     best, best_q, seen, steps = O, -float("inf"), [], 0
     for steps in range(1, INIT_STEPS + 1):
         check(cancel, f"weight matching of the residual stream, step {steps}")
         Ow = O.to(wd)
-        S1, S2 = torch.zeros(D, D, dtype=wd), torch.zeros(D, D, dtype=wd)
-        for xa, xb in stacked or circuit_pairs():  # one term at a time: temporaries of D x D
-            S1 += xb @ Ow @ xa.mT
-            S2 += xb.mT @ Ow @ xa
-        S1, S2 = S1.to(F64), S2.to(F64)  # [D, D]
+        # a rotation fit whose circuits are kept decides from S1 alone whether to stop, and forms S2 only to go on
+        # (a quarter of the fit's products on the usual two-step fit); a permutation's stop needs the next Omega
+        lazy = kept and not perm
+        S1, S2 = cross(Ow, True, not lazy)  # [D, D]
         q = float((O * lin.M).sum() + (O * S1).sum()) + lin.quadratic(O)
         if progress:
             progress(steps, INIT_STEPS, f"matching the residual stream, step {steps} (of at most {INIT_STEPS})")
@@ -565,9 +577,13 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
             gain, best, best_q = q - best_q, O, q
         else:
             break  # the linearisation stopped paying off: keep the best Omega seen
+        if not perm and gain <= INIT_REL_TOL * abs(q):
+            break
+        if lazy:
+            S2 = cross(Ow, False, True)[1]
         O_new = solve_residual(lin.linear(O) + S1 + S2, perm)
         if (perm and any(torch.equal(O_new, P) for P in seen + [O])) or (
-                not perm and (gain <= INIT_REL_TOL * abs(q) or float((O_new - O).abs().max()) < SETTLED[wd])):
+                not perm and float((O_new - O).abs().max()) < SETTLED[wd]):
             break
         seen.append(O)
         O = O_new
