@@ -19,12 +19,14 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
                                  runs too, for their second curve in the aligned runs' coordinates
     method scratch
       naive        0
-      weight       w (2 P_layer + 4 h (D+1) D + m^2 + 6 L D^2) + 16 m^2 + 32 D^2 + 2 w max(V D, D m)
+      weight       w (2 P_layer + 4 h (D+1) D + m^2 + 2 C) + 16 m^2 + 32 D^2 + 2 w max(V D, D m)
                    w = 8 up to 20M parameters, else 4 (the work dtype of engine.align.weight): B's block
                    moved twice (by Omega, by its own transform), both models' head circuits
                    [h, D+1, D], the MLP cost [m, m] (and its float64 copy for the assignment solver),
-                   the summed circuits of every layer for the starting residual map [3L, D, D] per
-                   model, residual cross products, and the largest parameter moved in the work dtype
+                   the summed circuits of every layer for the starting residual map per model (C: L D^2
+                   per circuit, or 2 L D r as factors when r <= D / 2, r = h_kv d under grouped-query
+                   attention: engine.align.weight.circuit_bytes), residual cross products, and the largest
+                   parameter moved in the work dtype
       activation   weight's scratch
                    + 2 N_act (3 L + 1) D b            both models' captured residual streams and normalised
                                                       block inputs of one batch (no logits: the capture

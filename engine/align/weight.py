@@ -198,16 +198,46 @@ def head_cost(arch: Arch, pa: Params, pb: Params, layer: int, cost: str = "squar
     return 4 - 2 * (cos_qk + cos_ov)
 
 
-def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Tensor, Tensor, Tensor]:
+Circuit = tuple[Tensor, Tensor | None]  # X [D, D] as its factors (U, V) with X = U V^T, or (X, None) when dense
+
+
+def summed_circuits(arch: Arch, p: Params, layer: int, wd: torch.dtype = F64) -> tuple[Circuit, Circuit, Circuit]:
     """sum_i W_Q^i W_K^iT, sum_i W_V^i W_O^i and W_in W_out [D, D]: invariant to every per-layer
-    transform of docs/MATH.md sections 1-2, and conjugated by the residual map (Omega^T X Omega)."""
-    b, rep = f"blocks.{layer}", arch.n_heads // arch.n_kv_heads
+    transform of docs/MATH.md sections 1-2, and conjugated by the residual map (Omega^T X Omega).
+
+    Under grouped-query attention the query heads of a KV group share its K and V, so the sums run over the
+    groups: (sum of the group's W_Q^i) W_K^T, W_V (sum of its W_O^i), rank r = h_kv d. A circuit of rank at
+    most D / 2 is kept as its factors [D, r] (a 1.1B Llama's: r = 256 of D = 2,048), the rest as [D, D]."""
+    b, g = f"blocks.{layer}", arch.n_kv_heads
     w = {k: p[f"{b}.{k}"].detach().to("cpu", wd) for k in ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.W_O",
                                                             "mlp.W_in", "mlp.W_out")}
-    Q, O = w["attn.W_Q"].transpose(0, 1).flatten(1), w["attn.W_O"].flatten(0, 1)  # [D, h*d], [h*d, D]
-    K = _per_query_head(w["attn.W_K"], rep).transpose(0, 1).flatten(1)  # [D, h*d]
-    V = _per_query_head(w["attn.W_V"], rep).transpose(0, 1).flatten(1)  # [D, h*d]
-    return Q @ K.T, V @ O, w["mlp.W_in"] @ w["mlp.W_out"]  # sums over heads as one product each
+    h, D, d = w["attn.W_Q"].shape
+    Q = w["attn.W_Q"].reshape(g, h // g, D, d).sum(1).transpose(0, 1).flatten(1)  # [D, h_kv*d]
+    O = w["attn.W_O"].reshape(g, h // g, d, D).sum(1).flatten(0, 1)  # [h_kv*d, D]
+    K, V = (w[k].transpose(0, 1).flatten(1) for k in ("attn.W_K", "attn.W_V"))  # [D, h_kv*d]
+    return _circuit(Q, K), _circuit(V, O.T), _circuit(w["mlp.W_in"], w["mlp.W_out"].T)
+
+
+def _circuit(U: Tensor, V: Tensor) -> Circuit:
+    return (U, V) if 2 * U.shape[1] <= U.shape[0] else (U @ V.T, None)
+
+
+def circuit_bytes(arch: Arch, itemsize: int) -> int:
+    """What summed_circuits keeps of one model's layers, all of them (bytes)."""
+    D, r = arch.d_model, arch.n_kv_heads * arch.d_head
+    attn = 2 * (2 * D * r if 2 * r <= D else D * D)
+    return arch.n_layers * itemsize * (attn + (2 * D * arch.d_mlp if 2 * arch.d_mlp <= D else D * D))
+
+
+def conjugate_products(xa: Circuit, xb: Circuit, Ow: Tensor, first: bool, second: bool
+                       ) -> tuple[Tensor | None, Tensor | None]:
+    """X_B Omega X_A^T and X_B^T Omega X_A [D, D], each when asked: the starting residual fit's linearised
+    terms of one circuit pair. Factored circuits (X = U V^T, r <= D / 2) never form X: U_B (V_B^T Omega V_A) U_A^T
+    costs r / D of the dense product."""
+    (Ua, Va), (Ub, Vb) = xa, xb
+    if Va is None:
+        return (Ub @ Ow @ Ua.mT if first else None), (Ub.mT @ Ow @ Ua if second else None)
+    return ((Ub @ (Vb.mT @ Ow @ Va)) @ Ua.mT if first else None), ((Vb @ (Ub.mT @ Ow @ Ua)) @ Va.mT if second else None)
 
 
 def _group_rows(X: Tensor, rep: int) -> Tensor:
@@ -311,11 +341,11 @@ def work_dtype(p: Params) -> torch.dtype:
 def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> int:
     """Peak scratch beyond the two models (bytes), from the config alone (registry entry `weight`; the
     arithmetic is engine.resources'): B's block moved twice, both models' head circuits [h, D+1, D], the
-    MLP cost [m, m] (and its float64 copy), the summed circuits of every layer [3L, D, D] per model,
-    residual cross products, and the largest parameter moved, in the work dtype (work_dtype)."""
+    MLP cost [m, m] (and its float64 copy), the summed circuits of every layer per model (circuit_bytes: at
+    most [3L, D, D]), residual cross products, and the largest parameter moved, in the work dtype (work_dtype)."""
     D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
     w, f = (F64 if params <= SMALL_MODEL else torch.float32).itemsize, F64.itemsize
-    return (w * (2 * layer_params + 4 * h * (D + 1) * D + m * m + 6 * L * D * D)
+    return (w * (2 * layer_params + 4 * h * (D + 1) * D + m * m) + 2 * circuit_bytes(arch, w)
             + 2 * f * (m * m + 2 * D * D) + 2 * w * max(V * D, D * m))
 
 
@@ -538,12 +568,12 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
         fit.add_unmoved(lin, res, k, pa, pb, wd)
     D, L = arch.d_model, arch.n_layers
     # Keep the 3L circuits of both models (what the memory estimate counts) while they take at most one model's
-    # bytes in the work dtype, whatever dtype its endpoints are kept in (GPT-2-small: 170 MB; a 1.1B Llama:
-    # 2.2 GB; Llama-2-7B: 12.9 GB of 27); beyond, recompute them at every step (twice a step's products).
+    # bytes in the work dtype, whatever dtype its endpoints are kept in (GPT-2-small: 170 MB; a 1.1B Llama, its
+    # attention circuits factored: 1.1 GB; Llama-2-7B: 12.9 GB of 27); beyond, recompute them at every step.
     width = torch.finfo(wd).bits // 8
-    kept = 6 * L * D * D * width <= max(sum(v.numel() for v in pa.values()) * width, KEEP_BYTES)
+    kept = 2 * circuit_bytes(arch, width) <= max(sum(v.numel() for v in pa.values()) * width, KEEP_BYTES)
 
-    def circuit_pairs() -> Iterator[tuple[Tensor, Tensor]]:
+    def circuit_pairs() -> Iterator[tuple[Circuit, Circuit]]:
         for layer in range(L):
             yield from zip(summed_circuits(arch, pa, layer, wd), summed_circuits(arch, pb, layer, wd))
 
@@ -555,10 +585,11 @@ def initial_residual(spec: Spec, pa: Params, pb: Params, perm: bool, wd: torch.d
         S1 = torch.zeros(D, D, dtype=wd) if first else None
         S2 = torch.zeros(D, D, dtype=wd) if second else None
         for xa, xb in stacked or circuit_pairs():
+            s1, s2 = conjugate_products(xa, xb, Ow, first, second)
             if first:
-                S1 += xb @ Ow @ xa.mT
+                S1 += s1
             if second:
-                S2 += xb.mT @ Ow @ xa
+                S2 += s2
         return (None if S1 is None else S1.to(F64)), (None if S2 is None else S2.to(F64))
 
     O = solve_residual(lin.M, perm) if lin.M.abs().sum() > 0 else torch.eye(D, dtype=F64)

@@ -229,6 +229,36 @@ def test_head_costs_from_gram_matrices_equal_the_explicit_circuit_distances():
     assert torch.allclose(got, want, rtol=1e-12, atol=0)
 
 
+def test_summed_circuits_under_gqa_are_kept_as_factors_and_equal_the_per_head_sums():
+    from engine.align.weight import circuit_bytes, conjugate_products, summed_circuits
+
+    a = make_case("lm-rope-half-gqa-swiglu")  # D 32, 4 query heads in 2 KV groups of d 8: rank 16 = D / 2
+    b = make_case("lm-rope-half-gqa-swiglu")
+    with torch.no_grad():
+        for p in b.module.parameters():
+            p.add_(torch.randn_like(p))
+    pa, pb, arch = canonical(a), canonical(b), a.arch
+    rep, D = arch.n_heads // arch.n_kv_heads, arch.d_model
+
+    def explicit(p):  # sum over query heads, each with its KV group's K and V, formed in full [D, D]
+        K, V = (p[f"blocks.1.attn.{k}"].repeat_interleave(rep, 0) for k in ("W_K", "W_V"))
+        return ((p["blocks.1.attn.W_Q"] @ K.mT).sum(0), (V @ p["blocks.1.attn.W_O"]).sum(0),
+                p["blocks.1.mlp.W_in"] @ p["blocks.1.mlp.W_out"])
+
+    ca, cb = summed_circuits(arch, pa, 1), summed_circuits(arch, pb, 1)
+    assert [tuple(U.shape) for U, _ in ca[:2]] == [(D, D // 2)] * 2 and ca[2][1] is None  # attention factored, MLP dense
+    for (U, V), X in zip(ca, explicit(pa)):
+        assert torch.allclose(U @ V.T if V is not None else U, X, rtol=1e-12, atol=1e-12)
+    O = torch.linalg.qr(torch.randn(D, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0)))[0]
+    for xa, xb, Xa, Xb in zip(ca, cb, explicit(pa), explicit(pb)):
+        s1, s2 = conjugate_products(xa, xb, O, True, True)
+        assert torch.allclose(s1, Xb @ O @ Xa.T, rtol=1e-12, atol=1e-10)
+        assert torch.allclose(s2, Xb.T @ O @ Xa, rtol=1e-12, atol=1e-10)
+        assert float(s1.abs().max()) > 0.1  # not trivially zero
+    assert conjugate_products(ca[0], cb[0], O, False, True)[0] is None
+    assert circuit_bytes(arch, 8) == arch.n_layers * 8 * (2 * 2 * D * (D // 2) + D * D)
+
+
 def test_offloaded_run_equals_the_plain_one(tmp_path):
     """--offload keeps the endpoints on the CPU and lerps into a work model on --device; on the CPU
     the same code path runs and must give the same record."""
