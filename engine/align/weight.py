@@ -343,7 +343,7 @@ def scratch_bytes(arch: Arch, params: int, layer_params: int, itemsize: int) -> 
     arithmetic is engine.resources'): B's block moved twice, both models' head circuits [h, D+1, D], the
     MLP cost [m, m] (and its float64 copy), the summed circuits of every layer per model (circuit_bytes: at
     most [3L, D, D]), residual cross products, and the largest parameter moved, in the work dtype (work_dtype)."""
-    D, h, m, L, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_layers, arch.n_out
+    D, h, m, V = arch.d_model, arch.n_heads, arch.d_mlp, arch.n_out
     w, f = (F64 if params <= SMALL_MODEL else torch.float32).itemsize, F64.itemsize
     return (w * (2 * layer_params + 4 * h * (D + 1) * D + m * m) + 2 * circuit_bytes(arch, w)
             + 2 * f * (m * m + 2 * D * D) + 2 * w * max(V * D, D * m))
