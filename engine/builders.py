@@ -44,10 +44,11 @@ from engine.zoo import ENTRIES, display_name, pairs, resolve
 DEFAULT_EVAL_ITEMS = 65_536
 
 # The budget of the stored learned and dual records where it differs from the methods' interactive
-# default (400 steps of 16 sequences for LMs): on the small LM tier, 1,600 steps of 16 sequences. With the
-# LMs' MLP permutation kept (learned.DEFAULT_CANDIDATES) that reaches a lower barrier than 1,600 steps of 64
-# did with it learned, in a quarter of the seconds (bench/RESULTS.md, "Learning the MLP permutation"); both
-# were still falling at their ends. On the ViT pairs, 3,200 steps (four times the interactive 800): the best
+# default (400 steps of 16 sequences for LMs): on the small LM tier, 6,400 steps of 16 sequences. With the
+# LMs' MLP permutation kept (learned.DEFAULT_CANDIDATES) the validation barrier keeps falling to there (dual on
+# lm-learned: 0.149 / 0.123 / 0.095 / 0.089 at 1,600 / 3,200 / 4,800 / 6,400 steps) and flattens over the last
+# quarter, for about 27 minutes of one core a run (bench/RESULTS.md, "To convergence on the small LM pair" and
+# "The small LM pairs at 6,400 steps"). On the ViT pairs, 3,200 steps (four times the interactive 800): the best
 # validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
 # 0.003, vit-sinusoidal 0.053 -> 0.032), and from 1,600 to 3,200 vit-sinusoidal's fell fourfold (0.032 -> 0.008)
 # while vit-rope's held (0.034 -> 0.035), for two to ten minutes of
@@ -55,7 +56,7 @@ DEFAULT_EVAL_ITEMS = 65_536
 # 800 every medium record was still lowering its validation barrier over its last fifth, and a step costs about
 # 2 s of one core there, so 1,600 steps are an hour a run. A record's config holds its steps and batch
 # (None: the default batch).
-CONVERGED = {("lm", "small"): (1600, None), ("vit", "small"): (3200, None), ("lm", "medium"): (1600, None)}
+CONVERGED = {("lm", "small"): (6400, None), ("vit", "small"): (3200, None), ("lm", "medium"): (1600, None)}
 
 
 def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:

@@ -375,7 +375,7 @@ def test_stored_records_use_each_tiers_converged_budget():
     from engine.builders import cache_config
     from engine.results import RunConfig
 
-    for pair, steps in ((("lm-learned-s0", "lm-learned-s1"), 1600), (("vit-rope-s0", "vit-rope-s1"), 3200),
+    for pair, steps in ((("lm-learned-s0", "lm-learned-s1"), 6400), (("vit-rope-s0", "vit-rope-s1"), 3200),
                         (("lm-rope-medium-s0", "lm-rope-medium-s1"), 1600)):
         dual = cache_config(*pair, "dual")
         assert (dual.steps, dual.options.batch, dual.eval_items) == (steps, None, 65_536)  # the default batch
