@@ -47,7 +47,7 @@ DEFAULT_EVAL_ITEMS = 65_536
 # default (400 steps of 16 sequences for LMs): on the small LM tier, 6,400 steps of 16 sequences. With the
 # LMs' MLP permutation kept (learned.DEFAULT_CANDIDATES) the validation barrier keeps falling to there (dual on
 # lm-learned: 0.149 / 0.123 / 0.095 / 0.089 at 1,600 / 3,200 / 4,800 / 6,400 steps) and flattens over the last
-# quarter, for about 27 minutes of one core a run (bench/RESULTS.md, "To convergence on the small LM pair" and
+# quarter, for 29-40 minutes of one core a record (bench/RESULTS.md, "To convergence on the small LM pair" and
 # "The small LM pairs at 6,400 steps"). On the ViT pairs, 3,200 steps (four times the interactive 800): the best
 # validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
 # 0.003, vit-sinusoidal 0.053 -> 0.032), and from 1,600 to 3,200 vit-sinusoidal's fell fourfold (0.032 -> 0.008)
