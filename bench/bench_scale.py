@@ -1,4 +1,4 @@
-"""Scale benchmarks: GPT-2-small- and GQA-Llama-shaped pairs with a known answer, and independent pairs.
+"""Scale benchmarks: GPT-2-small-, GQA-Llama- and GPT-NeoX-shaped pairs with a known answer, and independent pairs.
 
     .venv/bin/python bench/bench_scale.py [--dir /tmp/lmc-bench] [--pairs gpt2-planted ...] [--tasks weight ...]
 
@@ -11,6 +11,10 @@ Pairs (built once into --dir, float32 safetensors, HF's own initialisation):
     tinyllama-planted  TinyLlama-1.1B's shape (22 layers, D 2048, 32 heads in 4 KV groups, m 5632,
                    vocabulary 32,000, untied): the same planting, both models stored as released ones
                    are, bfloat16 safetensors in 1 GB shards with model.safetensors.index.json
+    pythia-planted Pythia-1B's shape, GPT-NeoX (16 layers, D 2048, 8 heads of 256, RoPE on a quarter of each
+                   head, parallel residual, LayerNorm with biases, GELU MLP 8192, vocabulary 50,304, untied;
+                   1.01B): planted with the residual stream permuted (LayerNorm), stored the same way
+    tinyllama-indep, pythia-indep  two initialisations of that shape (seeds 0 and 1), stored the same way
 Tasks, each in a fresh process so that its peak memory is its own:
     weight         align(..., "weight", in_place=True): the aligner alone
     activation     align(..., "activation", in_place=True)
@@ -36,15 +40,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted", "tinyllama-planted", "tinyllama-indep")
+PAIRS = ("gpt2-planted", "gpt2-indep", "llama-planted", "tinyllama-planted", "tinyllama-indep", "pythia-planted",
+         "pythia-indep")
 TASKS = ("weight", "activation", "learned", "dual", "run", "eval")
 LLAMA = {"hidden_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 16, "num_key_value_heads": 4,
          "intermediate_size": 2816, "vocab_size": 32000, "max_position_embeddings": 256, "tie_word_embeddings": False}
 TINYLLAMA = {"hidden_size": 2048, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
              "intermediate_size": 5632, "vocab_size": 32000, "max_position_embeddings": 2048,
              "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
-CONFIGS = {"llama": LLAMA, "tinyllama": TINYLLAMA}
-STORED = {"tinyllama": "bfloat16"}  # kinds stored as released checkpoints are: this dtype, sharded
+PYTHIA = {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 8, "intermediate_size": 8192,
+          "vocab_size": 50304, "rotary_pct": 0.25, "max_position_embeddings": 2048, "tie_word_embeddings": False}
+CONFIGS = {"llama": LLAMA, "tinyllama": TINYLLAMA, "pythia": PYTHIA}
+STORED = {"tinyllama": "bfloat16", "pythia": "bfloat16"}  # kinds stored as released checkpoints are: this dtype, sharded
 SHARD = "1GB"
 
 
@@ -54,7 +61,14 @@ SHARD = "1GB"
 
 def build_pairs(root: Path, names: list[str]) -> None:
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPTNeoXConfig,
+        GPTNeoXForCausalLM,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     from engine.align.pair import prepare_pair
     from engine.classes import default_classes
@@ -72,14 +86,19 @@ def build_pairs(root: Path, names: list[str]) -> None:
         if (out / "config.json").exists():
             return
         torch.manual_seed(seed)
-        m = GPT2LMHeadModel(GPT2Config()) if kind == "gpt2" else LlamaForCausalLM(LlamaConfig(**CONFIGS[kind]))
+        if kind == "gpt2":
+            m = GPT2LMHeadModel(GPT2Config())
+        elif kind == "pythia":
+            m = GPTNeoXForCausalLM(GPTNeoXConfig(**CONFIGS[kind]))
+        else:
+            m = LlamaForCausalLM(LlamaConfig(**CONFIGS[kind]))
         store(m, kind, out)
 
     def plant(kind: str, src: Path, out: Path, seed: int) -> None:
         if (out / "config.json").exists():
             return
         a = load_model(src)
-        # the residual stream permuted, not rotated: B stays in GPT-2's LayerNorm format (a rotation
+        # the residual stream permuted, not rotated: B stays in GPT-2's (or GPT-NeoX's) LayerNorm format (a rotation
         # needs the RMSNorm rewrite, which the family's checkpoint cannot hold); aligning it still uses
         # the default classes, rotation included
         kinds = default_classes(build_spec(a.arch, canonical(a, copy=False)))

@@ -41,6 +41,7 @@ from engine.classes import RESIDUAL
 from engine.evaluate import seq_len
 from engine.models.base import Arch, Params
 from engine.models.reference import head_norm, mlp_activation, rotate
+from engine.models.widening import widened
 from engine.progress import Progress
 from engine.symmetry import GroupElement, LayerElement
 
@@ -70,21 +71,25 @@ def capture(model, inputs: Tensor) -> dict[str, list[Tensor]]:
     unembedding. Kept in the model's dtype on the CPU; the matching reads them in float64 one layer
     at a time."""
     net = model.module
+    p = next(net.parameters())
+    dtype = p.dtype
     out: dict[str, list[Tensor]] = {"resid": [], "x_attn": [], "x_mlp": []}
 
+    def keep(key: str):  # in the model's dtype even where a bfloat16 forward computes in float32 (widened)
+        return lambda m, a: out[key].append(a[0].to("cpu", dtype))
+
     def last(m, a):
-        out["resid"].append(a[0].to("cpu"))
+        keep("resid")(m, a)
         raise _Enough
 
     hooks = []
     for blk in net.blocks:
-        hooks.append(blk.register_forward_pre_hook(lambda m, a: out["resid"].append(a[0].to("cpu"))))
-        hooks.append(blk.attn.register_forward_pre_hook(lambda m, a: out["x_attn"].append(a[0].to("cpu"))))
-        hooks.append(blk.mlp.register_forward_pre_hook(lambda m, a: out["x_mlp"].append(a[0].to("cpu"))))
+        hooks += [blk.register_forward_pre_hook(keep("resid")), blk.attn.register_forward_pre_hook(keep("x_attn")),
+                  blk.mlp.register_forward_pre_hook(keep("x_mlp"))]
     hooks.append(net.norm_f.register_forward_pre_hook(last))
     try:
-        p = next(net.parameters())
-        net(inputs.to(p.device, p.dtype) if inputs.is_floating_point() else inputs.to(p.device))
+        with widened(net):  # bfloat16 weights compute in float32 where the CPU lacks bfloat16 products
+            net(inputs.to(p.device, dtype) if inputs.is_floating_point() else inputs.to(p.device))
     except _Enough:
         pass
     finally:

@@ -28,6 +28,7 @@ from engine.models.base import Arch, Family, Model, Params
 from engine.models.io import check_closed_world, check_output_dir, read_config
 from engine.models.native import check_hf_config, fresh
 from engine.models.reference import RefConfig
+from engine.models.widening import widened
 
 FAMILIES: dict[str, Family] = {
     reference.ENTRY.name: reference.ENTRY,
@@ -102,7 +103,10 @@ def save_model(model: Model, path: str | Path, overwrite: bool = False, inputs: 
 
 
 def model_logits(model: Model, inputs: torch.Tensor) -> torch.Tensor:
-    return FAMILIES[model.family].logits(model, inputs)
+    """The family's logits; half-precision weights compute in float32 where the device lacks fast half-precision
+    products (widening.widened), so such logits come back in float32."""
+    with widened(model.module):
+        return FAMILIES[model.family].logits(model, inputs)
 
 
 def arch_from_config(config: dict, source: str = "config.json") -> Arch:
