@@ -128,9 +128,27 @@ def single_thread() -> Iterator[None]:
         torch.set_num_threads(n)
 
 
+NULL_RTOL = 1e-9  # singular values below this fraction of the largest are M's null space (procrustes)
+
+
 def procrustes(M: Tensor) -> Tensor:
-    """argmax over O(n) of tr(Omega^T M): the polar factor U V^T of M = U S V^T."""
-    U, _, Vh = torch.linalg.svd(M.to(F64))
+    """argmax over O(n) of tr(Omega^T M): the polar factor U V^T of M = U S V^T.
+
+    Where M is singular the maximiser is not unique: on M's null space (singular values at most NULL_RTOL of the
+    largest) any orthogonal map between the left and right null vectors scores the same. That choice is made as
+    near the identity as it can be, not left to the SVD's arbitrary signs: a centred residual stream (a LayerNorm
+    model rewritten to RMSNorm) never sees the all-ones direction, and its Omega maps that direction to itself,
+    on every machine (LAPACK builds differ in the signs they return)."""
+    U, S, Vh = torch.linalg.svd(M.to(F64))
+    null = S <= NULL_RTOL * S[0]
+    if not null.any():
+        return U @ Vh
+    Un, Vn = U[:, null], Vh[null].mT  # [n, k]: Omega maps span(Vn) onto span(Un) by some R in O(k)
+    R = Un.mT @ Vn  # tr(Omega) = ... + tr(Un R Vn^T) is largest at the polar factor of Un^T Vn
+    if torch.linalg.matrix_rank(R) == R.shape[0]:
+        Ur, _, Vrh = torch.linalg.svd(R)
+        U = torch.cat([U[:, ~null], Un @ Ur @ Vrh], 1)
+        Vh = torch.cat([Vh[~null], Vn.mT], 0)
     return U @ Vh
 
 

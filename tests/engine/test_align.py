@@ -102,6 +102,26 @@ def test_gl_and_rope_solvers_invert_planted_maps():
     assert (procrustes((X @ O.T).T @ X) - O).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_procrustes_maps_a_direction_no_data_sees_to_itself(seed):
+    """Centred streams (a LayerNorm model rewritten to RMSNorm) never see the all-ones direction: of the rotations
+    that fit them equally well, the one that keeps that direction (nearest the identity) is chosen, whatever signs
+    the SVD returns for its null vectors; the fit on the other directions is untouched."""
+    g = torch.Generator().manual_seed(seed)
+    D = 8
+    one = torch.full((D, 1), D**-0.5, dtype=F64)
+    basis = torch.linalg.qr(torch.cat([one, torch.randn(D, D - 1, generator=g, dtype=F64)], 1))[0][:, 1:]  # [D, D-1]
+    R = torch.linalg.qr(torch.randn(D - 1, D - 1, generator=g, dtype=F64))[0]
+    O = basis @ R @ basis.T + one @ one.T  # a rotation of the centred subspace, the ones direction kept
+    X = torch.randn(30, D, generator=g, dtype=F64)
+    X = X - X.mean(1, keepdim=True)  # centred rows
+    M = (X @ O.T).T @ X  # singular: the ones direction in its null space on both sides
+    got = procrustes(M)
+    assert (got @ got.T - torch.eye(D, dtype=F64)).abs().max() < 1e-12
+    assert (got - O).abs().max() < 1e-10
+    assert (got @ one - one).abs().max() < 1e-12
+    assert float((got * M).sum()) == pytest.approx(float(torch.linalg.svdvals(M).sum()), rel=1e-12)  # still optimal
+
 def test_gl_solver_improves_on_its_start_for_unrelated_rows():
     g = torch.Generator().manual_seed(2)
     P_A, P_B, Q_A, Q_B = (torch.randn(2, 30, 6, generator=g, dtype=F64) for _ in range(4))
