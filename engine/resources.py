@@ -50,6 +50,9 @@ classes), T positions per sequence (LM windows of at most 128, a ViT's patches +
       dual         learned with both sides' latents, candidates and rotation graphs
     evaluation     one forward of engine.evaluate: items per batch x item bytes (logits + widest
                    activations, at most EVAL_BUDGET_BYTES), and no larger than the evaluation set
+    float32 widening  4 (P_outer + P_layer): bfloat16 weights on a CPU without bfloat16 products compute in
+                   float32, the parameters outside the blocks for a whole forward, one block's at a time
+                   (engine.models.widening)
 
 N_act, N_tr: the positions of one activation-matching / training batch (sequences of T, or images).
 Z = L (h^2 + m k + m + 2 h_kv d^2 + h_kv r) + 2 D^2 latents (k = min(m, learned.DEFAULT_CANDIDATES of the task) MLP
@@ -75,6 +78,7 @@ from engine.errors import LMCError, ModelError, ResourceError
 from engine.evaluate import item_bytes, items_per_batch, seq_len
 from engine.memory import return_freed_memory, reuse_freed_memory, trim_freed_memory  # noqa: F401 (their old address)
 from engine.models.base import Arch
+from engine.models.widening import widens_dtype
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 
@@ -217,6 +221,9 @@ def estimate_run(model_dirs: Sequence[str | Path], method: str = "naive", points
     if scratch:
         parts[f"{method} matching scratch"] = scratch
     parts["evaluation"] = evaluation_bytes(sa.arch, b, eval_items)
+    if widens_dtype(getattr(torch, name), device):
+        outer = sa.params - sa.arch.n_layers * sa.layer_params
+        parts["float32 widening"] = 4 * (outer + sa.layer_params)
     return Estimate(sum(parts.values()), parts, device, name, sa.params)
 
 

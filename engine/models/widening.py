@@ -39,13 +39,18 @@ def fast_half(dtype: torch.dtype, device: torch.device) -> bool:
     return device.type != "cpu" or _cpu_has(dtype)
 
 
-def widens(module: nn.Module) -> bool:
-    """Whether `widened(module)` changes anything: half-precision parameters on a device without fast products
-    for them (or FORCE)."""
-    p = next((p for p in module.parameters() if p.dtype in HALF), None)
-    if p is None:
+def widens_dtype(dtype: torch.dtype, device: str | torch.device) -> bool:
+    """Whether weights of `dtype` on `device` compute in float32: a half-precision dtype on a device without fast
+    products for it (or FORCE)."""
+    if dtype not in HALF:
         return False
-    return FORCE if FORCE is not None else not fast_half(p.dtype, p.device)
+    return FORCE if FORCE is not None else not fast_half(dtype, torch.device(device))
+
+
+def widens(module: nn.Module) -> bool:
+    """Whether `widened(module)` changes anything (widens_dtype of its first half-precision parameter)."""
+    p = next((p for p in module.parameters() if p.dtype in HALF), None)
+    return p is not None and widens_dtype(p.dtype, p.device)
 
 
 def blocks(module: nn.Module) -> list[nn.Module]:

@@ -76,6 +76,25 @@ def test_gpt2_small_estimate_is_its_124m_parameters(tmp_path):
     assert w.total_bytes < learned.total_bytes < dual.total_bytes
 
 
+@pytest.mark.parametrize("slow_cpu", [True, False])
+def test_bfloat16_on_a_cpu_without_bfloat16_products_counts_its_float32_widening(slow_cpu, tmp_path, monkeypatch):
+    """engine.models.widening: the parameters outside the blocks and one block's, in float32."""
+    from engine.models import widening
+
+    monkeypatch.setattr(widening, "FORCE", slow_cpu)
+    d = config_only(hf_llama.build(LLAMA_TINY), tmp_path / "llama")
+    s = model_shape(d)
+    est = estimate_run([d, d], "weight", eval_items=1024, dtype="bfloat16")
+    outer = s.params - s.arch.n_layers * s.layer_params  # untied embedding, head, final norm
+    assert outer == 2 * 256 * 32 + 32
+    if slow_cpu:
+        assert est.parts["float32 widening"] == 4 * (outer + s.layer_params)
+        assert est.total_bytes == sum(est.parts.values())
+    else:
+        assert "float32 widening" not in est.parts
+    assert "float32 widening" not in estimate_run([d, d], "weight", eval_items=1024).parts  # float32: nothing
+
+
 def test_weights_are_never_read(tmp_path):
     m = reference.build(tiny(vocab_size=256, pe="learned"), dtype=torch.float64)
     save_model(m, tmp_path / "m")
