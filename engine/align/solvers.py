@@ -140,16 +140,24 @@ def procrustes(M: Tensor) -> Tensor:
     model rewritten to RMSNorm) never sees the all-ones direction, and its Omega maps that direction to itself,
     on every machine (LAPACK builds differ in the signs they return)."""
     U, S, Vh = torch.linalg.svd(M.to(F64))
+    out = U @ Vh
+    if M.ndim > 2:  # a stack [..., n, n]: each singular one resolved on its own
+        flat, Us, Ss, Vs = out.reshape(-1, *out.shape[-2:]), U.flatten(0, -3), S.flatten(0, -2), Vh.flatten(0, -3)
+        for i in (Ss <= NULL_RTOL * Ss[:, :1]).any(1).nonzero().flatten().tolist():
+            flat[i] = _nearest_identity(Us[i], Ss[i], Vs[i])
+        return flat.reshape(out.shape)
+    return _nearest_identity(U, S, Vh) if (S <= NULL_RTOL * S[0]).any() else out
+
+
+def _nearest_identity(U: Tensor, S: Tensor, Vh: Tensor) -> Tensor:
+    """procrustes' U V^T with the map between M's left and right null vectors as near the identity as it can be."""
     null = S <= NULL_RTOL * S[0]
-    if not null.any():
-        return U @ Vh
     Un, Vn = U[:, null], Vh[null].mT  # [n, k]: Omega maps span(Vn) onto span(Un) by some R in O(k)
     R = Un.mT @ Vn  # tr(Omega) = ... + tr(Un R Vn^T) is largest at the polar factor of Un^T Vn
-    if torch.linalg.matrix_rank(R) == R.shape[0]:
-        Ur, _, Vrh = torch.linalg.svd(R)
-        U = torch.cat([U[:, ~null], Un @ Ur @ Vrh], 1)
-        Vh = torch.cat([Vh[~null], Vn.mT], 0)
-    return U @ Vh
+    if torch.linalg.matrix_rank(R) < R.shape[0]:
+        return U @ Vh
+    Ur, _, Vrh = torch.linalg.svd(R)
+    return torch.cat([U[:, ~null], Un @ Ur @ Vrh], 1) @ torch.cat([Vh[~null], Vn.mT], 0)
 
 
 # ---------------------------------------------------------------------------------------------

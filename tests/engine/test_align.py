@@ -121,6 +121,9 @@ def test_procrustes_maps_a_direction_no_data_sees_to_itself(seed):
     assert (got - O).abs().max() < 1e-10
     assert (got @ one - one).abs().max() < 1e-12
     assert float((got * M).sum()) == pytest.approx(float(torch.linalg.svdvals(M).sum()), rel=1e-12)  # still optimal
+    generic = torch.randn(D, D, generator=g, dtype=F64)
+    stacked = procrustes(torch.stack([generic, M]))  # a stack: each matrix as on its own
+    assert torch.equal(stacked[0], procrustes(generic)) and (stacked[1] - O).abs().max() < 1e-10
 
 def test_gl_solver_improves_on_its_start_for_unrelated_rows():
     g = torch.Generator().manual_seed(2)
