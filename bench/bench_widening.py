@@ -20,18 +20,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def matmul_seconds() -> float:
-    x = torch.randn(2048, 2048)
-    x @ x
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        x @ x
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def main() -> None:
+    from bench_scale import matmul_seconds  # the same 2048^3 float32 reference
+
     from engine.api import load_named
     from engine.evaluate import evaluate, lm_eval_set
     from engine.models import widening
