@@ -160,8 +160,9 @@ def layernorm_to_rmsnorm_(arch: Arch, params: Params) -> tuple[Arch, Params]:
         g, b = p.pop(f"{name}.g"), p.pop(f"{name}.b", None)
         for W, bW, eq in _readers(arch, name.split(".")[-1], layer):
             tied = W not in p  # kept tied: the unembedding is the centred embedding itself (gain 1)
-            if b is not None and bW is not None:
-                p[bW].add_(torch.einsum(eq, b, p["embed.tok"].T if tied else p[W]))
+            if b is not None and bW is not None:  # in float32 at least, rounded once (bfloat16: no bfloat16 product)
+                wd = torch.promote_types(b.dtype, torch.float32)
+                p[bW].add_(torch.einsum(eq, b.to(wd), (p["embed.tok"].T if tied else p[W]).to(wd)))
             if not tied:
                 _fold_gain_(p[W], g)
         p[f"{name}.g"] = torch.ones(D, **ref)  # a new tensor: the model's own gain is left as it was

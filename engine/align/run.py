@@ -111,7 +111,9 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
     to reshape) is collected and written through the family's from_canonical at the end. Like weight
     matching's products (weight.work_dtype), a small model moves in float64 and a large one in its
     own dtype, where a permutation is exact and a rotation costs a rounding of its products (no float64
-    transient: on GPT-2-small that halves the move's time).
+    transient: on GPT-2-small that halves the move's time); a half-precision one in float32, rounded once
+    (bfloat16 products would round every partial sum, and on a CPU without bfloat16 kernels they run
+    270 times slower than float32's: bench/RESULTS.md, "bfloat16 on a CPU without bfloat16 products").
     """
     model, spec, views = pair.model_b, pair.spec, pair.params_b
     with single_thread():
@@ -123,7 +125,8 @@ def move_in_place(pair: Pair, g: GroupElement) -> None:
             v = views[key]
             exact = all(maps.get(a.group) is None or "index" in maps[a.group] or a.role in ("perm", "perm_kv")
                         for acts in ps.axes for a in acts)  # only indexing: exact in any dtype
-            wide = v if exact or not small else v.to(torch.promote_types(v.dtype, torch.float64))
+            work = torch.float64 if small else torch.promote_types(v.dtype, torch.float32)
+            wide = v if exact else v.to(work)
             yield key, act(ps, maps, wide).to(v.dtype)
 
     if write_params(model, views, moved()):
