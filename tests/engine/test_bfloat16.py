@@ -79,3 +79,29 @@ def test_in_bfloat16_a_transform_outside_the_group_is_still_caught():
     wrong = align(a, b, "weight", classes=("heads", "qk"), qk_structure="gl")
     with pytest.raises(ExactnessError, match="not a symmetry"):
         endpoint_check(b, wrong, es, evaluate(wrong.model_b, es)["loss"])
+
+
+def test_a_large_bfloat16_b_is_moved_in_float32_and_rounded_once(sharded_pair, monkeypatch):
+    """move_in_place at scale (above SMALL_MODEL, patched down here): each parameter of a bfloat16 B is moved in
+    float32 and rounded to bfloat16 once: every entry within half a bfloat16 unit (at most 2^-8 relative) of the float32
+    move of the same weights, up to float32's own summation order; no bfloat16 product (slow loops on a CPU
+    without bfloat16 kernels, and a rounding per partial sum)."""
+    from engine.align import run
+    from engine.align.pair import prepare_pair
+    from engine.classes import default_classes
+    from engine.spec import build_spec
+    from engine.symmetry import apply, sample
+
+    monkeypatch.setattr(run, "SMALL_MODEL", 0)
+    a, b = (load_model(p, BF16) for p in sharded_pair)
+    kinds = default_classes(build_spec(a.arch, run.canonical(a, copy=False)))
+    assert "residual_orth" in kinds
+    pair = prepare_pair(a, b, kinds, in_place=True)
+    g = sample(pair.arch, kinds, seed=5)
+    want = apply(pair.arch, g, {k: v.float() for k, v in pair.params_b.items()})  # float32, unrounded
+    run.move_in_place(pair, g)
+    for k, w in want.items():
+        got = pair.params_b[k]
+        assert got.dtype == BF16, k
+        err = ((got.float() - w).abs() - 2**-8 * w.abs()).max() / w.abs().max()
+        assert err <= 1e-6, (k, float(err))
