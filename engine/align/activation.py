@@ -10,7 +10,8 @@ solving for, so one pass suffices (no coordinate descent):
     heads      sigma on ||pattern_i^A - pattern_j^B||^2 + ||z_i^A - z_j^B Omega||^2: attention
                patterns are invariant to A_i, head outputs z_i = softmax(..) V_i W_O^i to B_i
     qk         A per KV group from the query / key activations (before RoPE), the same GL / RoPE
-               problem as weight matching with activations as rows; under QK-norm the normalised q, k
+               problem as weight matching with activations as rows, the weights' own rows stacked under
+               them for what the batch does not span (weight_rows); under QK-norm the normalised q, k
                (gains included) move by the whole map, and the QK-norm group is fitted on them
     vo         B per KV group: the GL problem of weight matching (W_V moving by B, W_O^T by B^{-T}), in
                A's residual frame; value activations can leave it unbounded (see the code)
@@ -34,7 +35,7 @@ from engine.align.context import F64, AlignContext, AlignOutput, F64View, tick
 from engine.align.forward import check_twin, twin
 from engine.align.pair import Pair
 from engine.align.solvers import assignment, fit_gl, gqa_assignment, procrustes, residual_perm_matrix
-from engine.align.weight import circuit_inner, fit_qk
+from engine.align.weight import bias_rows, circuit_inner, fit_qk, group_rows
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import CancelToken, check
 from engine.classes import RESIDUAL
@@ -213,6 +214,10 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             Qa = _rows_per_head(at_a["q"]).reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*B*T, d]
             Qb = _rows_per_head(at_b["q"])[hp].reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*B*T, d]
             Ka, Kb = _rows_per_head(at_a["k"]), _rows_per_head(at_b["k"])[kv]  # [h_kv, B*T, d]
+            if not arch.qk_norm:  # the weights' rows settle what the batch cannot see (weight_rows)
+                (wqa, wqb), (wka, wkb) = (weight_rows(pa, pb, O, layer, r) for r in "QK")
+                Qa, Qb = torch.cat([Qa, group_rows(wqa, rep)], 1), torch.cat([Qb, group_rows(wqb[hp], rep)], 1)
+                Ka, Kb = torch.cat([Ka, wka], 1), torch.cat([Kb, wkb[kv]], 1)
             A = fit_qk(arch, structure, Qa, Qb, Ka, Kb)
         if "vo" in kinds:
             # On the weights, as weight matching fits it (W_V moves by B, W_O^T by B^{-T}), with B's in
@@ -247,6 +252,25 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
         if progress:
             progress(layer + 1, arch.n_layers, f"layer {layer + 1}/{arch.n_layers}")
     return GroupElement(tuple(layers), O), {"mlp_matched_correlation": corr, "tokens": int(acts_a["x_mlp"][0].shape[:2].numel())}
+
+
+def weight_rows(pa: Params, pb: Params, O: Tensor, layer: int, r: str) -> tuple[Tensor, Tensor]:
+    """W_r with its bias as a last row [n, D+1, d] for A, and for B in A's residual frame (readers: Omega^T W).
+
+    q = x W_Q + b_Q, so a weight row is the projection of a unit input: stacked under the activations it enters
+    the Q/K fit as one more input, with about 1/N of the N activation rows' weight (a normalised input row has
+    D times a weight row's squared norm). Where the batch determines the map the activations decide; where it
+    does not, the weights do. The batch's inputs can span few directions: the first block sees only the
+    embeddings of the tokens present (48 distinct bytes in 16 sequences of the bundled corpus), fewer than a
+    wide head's unrotated dims (GPT-NeoX-1B: 192 of 256), and an underdetermined GL fit there missed a planted
+    element by 1.0 relative (bench/RESULTS.md, "A GPT-NeoX-shaped billion, and activation matching at that
+    size")."""
+    key, bias = f"blocks.{layer}.attn.W_{r}", f"blocks.{layer}.attn.b_{r}"
+    wa = bias_rows(pa, key, bias)  # [n, D(+1), d]
+    wb = torch.einsum("De,hDd->hed", O, pb[key])  # [n, D, d]
+    if bias in pb:
+        wb = torch.cat([wb, pb[bias][:, None]], 1)
+    return wa, wb
 
 
 def _norm_sqdist(nx: Tensor, ny: Tensor, inner: Tensor) -> Tensor:

@@ -128,7 +128,7 @@ def _token_ids(tokens: Iterable) -> frozenset[int]:
 # Per-layer problems
 
 
-def _rows(p: Params, key: str, bias: str | None) -> Tensor:
+def bias_rows(p: Params, key: str, bias: str | None) -> Tensor:
     """W [n, D, d] with its bias [n, d] appended as a last row -> [n, D (+1), d]."""
     W = p[key]
     return torch.cat([W, p[bias][:, None]], 1) if bias and bias in p else W  # [n, D+1, d]
@@ -145,10 +145,10 @@ def head_factors(arch: Arch, p: Params, layer: int) -> tuple[Tensor, Tensor, Ten
     with Mbar_i = Q_i Kbar_i^T (W_Q W_K^T, row-centred: K centred over the residual axis, since a constant
     score per query is invisible to softmax), V [D+, h*d] and O [h*d, D] with N_i = V_i O_i (W_V W_O)."""
     b, rep = f"blocks.{layer}.attn", arch.n_heads // arch.n_kv_heads
-    Q = _rows(p, f"{b}.W_Q", f"{b}.b_Q").transpose(0, 1).flatten(1)  # [D+, h*d]
+    Q = bias_rows(p, f"{b}.W_Q", f"{b}.b_Q").transpose(0, 1).flatten(1)  # [D+, h*d]
     K = _per_query_head(p[f"{b}.W_K"], rep)  # [h, D, d]
     K = (K - K.mean(1, keepdim=True)).transpose(0, 1).flatten(1)  # [D, h*d]
-    V = _per_query_head(_rows(p, f"{b}.W_V", f"{b}.b_V"), rep).transpose(0, 1).flatten(1)  # [D+, h*d]
+    V = _per_query_head(bias_rows(p, f"{b}.W_V", f"{b}.b_V"), rep).transpose(0, 1).flatten(1)  # [D+, h*d]
     return Q, K, V, p[f"{b}.W_O"].flatten(0, 1)  # ..., [h*d, D]
 
 
@@ -240,7 +240,7 @@ def conjugate_products(xa: Circuit, xb: Circuit, Ow: Tensor, first: bool, second
     return ((Ub @ (Vb.mT @ Ow @ Va)) @ Ua.mT if first else None), ((Vb @ (Ub.mT @ Ow @ Ua)) @ Va.mT if second else None)
 
 
-def _group_rows(X: Tensor, rep: int) -> Tensor:
+def group_rows(X: Tensor, rep: int) -> Tensor:
     """Query-head stacks [h, N, d] -> one stack per KV group [h_kv, rep * N, d]."""
     h, N, d = X.shape
     return X.reshape(h // rep, rep * N, d)  # [h_kv, rep*N, d]
@@ -272,15 +272,15 @@ def within_head(arch: Arch, structure: str, pa: Params, pb: Params, layer: int, 
     eye = torch.eye(arch.d_head, dtype=F64).repeat(arch.n_kv_heads, 1, 1)  # [h_kv, d, d]
     A = B = eye
     if "qk" in kinds:
-        Qa = _group_rows(_rows(pa, f"{b}.W_Q", f"{b}.b_Q"), rep)  # [h_kv, rep*D+, d]
-        Qb = _group_rows(_rows(pb, f"{b}.W_Q", f"{b}.b_Q")[perm], rep)
-        Ka, Kb = _rows(pa, f"{b}.W_K", f"{b}.b_K"), _rows(pb, f"{b}.W_K", f"{b}.b_K")[kv]  # [h_kv, D+, d]
+        Qa = group_rows(bias_rows(pa, f"{b}.W_Q", f"{b}.b_Q"), rep)  # [h_kv, rep*D+, d]
+        Qb = group_rows(bias_rows(pb, f"{b}.W_Q", f"{b}.b_Q")[perm], rep)
+        Ka, Kb = bias_rows(pa, f"{b}.W_K", f"{b}.b_K"), bias_rows(pb, f"{b}.W_K", f"{b}.b_K")[kv]  # [h_kv, D+, d]
         gains = tuple(p[f"{b}.{n}_norm.g"] for n in "qk" for p in (pa, pb)) if arch.qk_norm else None
         A = fit_qk(arch, structure, Qa, Qb, Ka, Kb, warm.qk if warm else None, gains)
     if "vo" in kinds:
-        Va, Vb = _rows(pa, f"{b}.W_V", f"{b}.b_V"), _rows(pb, f"{b}.W_V", f"{b}.b_V")[kv]  # [h_kv, D+, d]
-        Oa = _group_rows(pa[f"{b}.W_O"].mT, rep)  # [h_kv, rep*D, d]: W_O <- B^{-1} W_O is W_O^T B^{-T}
-        Ob = _group_rows(pb[f"{b}.W_O"][perm].mT, rep)
+        Va, Vb = bias_rows(pa, f"{b}.W_V", f"{b}.b_V"), bias_rows(pb, f"{b}.W_V", f"{b}.b_V")[kv]  # [h_kv, D+, d]
+        Oa = group_rows(pa[f"{b}.W_O"].mT, rep)  # [h_kv, rep*D, d]: W_O <- B^{-1} W_O is W_O^T B^{-T}
+        Ob = group_rows(pb[f"{b}.W_O"][perm].mT, rep)
         B = fit_gl(Va, Vb, Oa, Ob, warm.vo if warm else None)
     return A, B
 

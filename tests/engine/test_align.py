@@ -175,6 +175,26 @@ def test_activation_matching_recovers_a_planted_element(name):
     assert err < 1e-8
 
 
+@pytest.mark.parametrize("pe", ["none", "rope"])
+def test_activation_matching_recovers_wide_heads_the_batch_cannot_determine(pe):
+    """One head of 64 dims (RoPE on 16 of them): the first block's queries and keys span only the embeddings of the
+    tokens in the batch, fewer than 64 directions, so the activations alone leave the head's GL map undetermined;
+    the weights' rows stacked under them (activation.weight_rows) settle it, and the planted element comes back."""
+    from engine.align.activation import ACT_BATCH
+    from engine.align.batches import train_batches
+
+    cfg = byte_tiny(pe=pe, d_model=64, n_heads=1, **({"rotary_dim": 16} if pe == "rope" else {}))
+    a = randomise_norms(build(cfg, seed=0, dtype=F64), 5)
+    x, _ = next(train_batches(a.arch, ACT_BATCH["lm"], 0))
+    assert x.unique().numel() < a.arch.d_head - a.arch.rotary_dim  # fewer inputs than unrotated dims at layer 0
+    b, g_star, _ = planted(a)
+    al = align(a, b, "activation")
+    want = invert(al.pair.arch, g_star)
+    assert max(float((got.qk - exp.qk).abs().max()) for got, exp in zip(al.out.g.layers, want.layers)) < 1e-8
+    err = max(float((al.moved_params[k] - al.pair.params_a[k]).abs().max()) for k in al.moved_params)
+    assert err < 1e-8
+
+
 # ---------------------------------------------------------------------------------------------
 # RoPE: the aligner stays in the commutant; a GL aligner is caught by the guard
 
