@@ -226,10 +226,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
             # along a direction they miss B can grow without cost while B^{-1} W_O shrinks, so the fit
             # ran off to singular values near 1,000 on vit-rope (bench/RESULTS.md, the ViT anomalies).
             att = f"blocks.{layer}.attn"
-            Va, Vb = pa[f"{att}.W_V"], torch.einsum("De,hDd->hed", O, pb[f"{att}.W_V"])  # [h_kv, D, d]; readers: Omega^T W
-            if f"{att}.b_V" in pa:
-                Va, Vb = torch.cat([Va, pa[f"{att}.b_V"][:, None]], 1), torch.cat([Vb, pb[f"{att}.b_V"][:, None]], 1)
-            Vb = Vb[kv]  # [h_kv, D+, d]
+            Va, Vb = weight_rows(pa, pb, O, layer, "V")  # [h_kv, D+, d]
+            Vb = Vb[kv]
             Oa = pa[f"{att}.W_O"].mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # [h_kv, rep*D, d]
             Ob = (pb[f"{att}.W_O"][hp] @ O).mT.reshape(arch.n_kv_heads, -1, arch.d_head)  # writers: W Omega
             B = fit_gl(Va, Vb, Oa, Ob)
@@ -255,7 +253,8 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
 
 
 def weight_rows(pa: Params, pb: Params, O: Tensor, layer: int, r: str) -> tuple[Tensor, Tensor]:
-    """W_r with its bias as a last row [n, D+1, d] for A, and for B in A's residual frame (readers: Omega^T W).
+    """W_r (r of Q, K, V) with its bias as a last row [n, D+1, d] for A, and for B in A's residual frame (readers:
+    Omega^T W): the rows of the V/O fit, and of the Q/K fit beside the activations.
 
     q = x W_Q + b_Q, so a weight row is the projection of a unit input: stacked under the activations it enters
     the Q/K fit as one more input, with about 1/N of the N activation rows' weight (a normalised input row has

@@ -141,17 +141,18 @@ def procrustes(M: Tensor) -> Tensor:
     on every machine (LAPACK builds differ in the signs they return)."""
     U, S, Vh = torch.linalg.svd(M.to(F64))
     out = U @ Vh
-    if M.ndim > 2:  # a stack [..., n, n]: each singular one resolved on its own
-        flat, Us, Ss, Vs = out.reshape(-1, *out.shape[-2:]), U.flatten(0, -3), S.flatten(0, -2), Vh.flatten(0, -3)
-        for i in (Ss <= NULL_RTOL * Ss[:, :1]).any(1).nonzero().flatten().tolist():
-            flat[i] = _nearest_identity(Us[i], Ss[i], Vs[i])
-        return flat.reshape(out.shape)
-    return _nearest_identity(U, S, Vh) if (S <= NULL_RTOL * S[0]).any() else out
+    null = S <= NULL_RTOL * S[..., :1]  # [..., n]
+    if not null.any():
+        return out
+    flat, Us, Vs, nulls = (t.reshape(-1, *t.shape[-k:]) for t, k in ((out, 2), (U, 2), (Vh, 2), (null, 1)))
+    for i in nulls.any(1).nonzero().flatten().tolist():  # each singular matrix of a stack on its own
+        flat[i] = _nearest_identity(Us[i], Vs[i], nulls[i])
+    return flat.reshape(out.shape)
 
 
-def _nearest_identity(U: Tensor, S: Tensor, Vh: Tensor) -> Tensor:
-    """procrustes' U V^T with the map between M's left and right null vectors as near the identity as it can be."""
-    null = S <= NULL_RTOL * S[0]
+def _nearest_identity(U: Tensor, Vh: Tensor, null: Tensor) -> Tensor:
+    """procrustes' U V^T with the map between M's left and right null vectors (`null`: which singular values are
+    zero) as near the identity as it can be."""
     Un, Vn = U[:, null], Vh[null].mT  # [n, k]: Omega maps span(Vn) onto span(Un) by some R in O(k)
     R = Un.mT @ Vn  # tr(Omega) = ... + tr(Un R Vn^T) is largest at the polar factor of Un^T Vn
     if torch.linalg.matrix_rank(R) < R.shape[0]:

@@ -3,12 +3,12 @@
 A model kept in bfloat16 (as 1B checkpoints are stored, `--dtype bfloat16`) runs its forward passes in
 bfloat16 where that is fast: on a GPU, or on a CPU whose oneDNN has bfloat16 kernels (AVX-512: 2x the
 float32 rate on avx512_bf16). Elsewhere torch falls back to generic loops: on an AVX2-only CPU a medium zoo
-LM evaluated 15 times slower in bfloat16 than in float32, and a 2048^3 bfloat16 product took 270 times
+LM evaluated 83 times slower in bfloat16 than in float32, and a 2048^3 bfloat16 product took 270 times
 the float32 one (bench/RESULTS.md, "bfloat16 on a CPU without bfloat16 products"). There `widened`
-runs the forward with each module's own half-precision parameters widened to float32 just before that
-module runs and restored just after: the weights stay stored as they are, one module's float32 copy lives
-at a time, and the products run at the float32 rate (widening is exact; the arithmetic is float32's,
-closer to the exact function than bfloat16's).
+runs the forward with each block's half-precision parameters widened to float32 just before that block runs
+and restored just after, the parameters outside the blocks for the whole forward: the weights stay stored as
+they are, one block's float32 copy lives at a time, and the products run at the float32 rate (widening is
+exact; the arithmetic is float32's, closer to the exact function than bfloat16's).
 """
 
 from __future__ import annotations

@@ -125,6 +125,7 @@ def test_procrustes_maps_a_direction_no_data_sees_to_itself(seed):
     stacked = procrustes(torch.stack([generic, M]))  # a stack: each matrix as on its own
     assert torch.equal(stacked[0], procrustes(generic)) and (stacked[1] - O).abs().max() < 1e-10
 
+
 def test_gl_solver_improves_on_its_start_for_unrelated_rows():
     g = torch.Generator().manual_seed(2)
     P_A, P_B, Q_A, Q_B = (torch.randn(2, 30, 6, generator=g, dtype=F64) for _ in range(4))
