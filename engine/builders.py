@@ -77,7 +77,7 @@ def is_current(record: dict, cfg: RunConfig | None = None) -> bool:
     """Whether a stored record is the one `cache build` would compute now: its config hash is that of `cfg`
     (by default the store's config of its pair and method, cache_config) completed as a run completes it."""
     cfg = cfg or cache_config(record["model_a"], record["model_b"], record["method"])
-    return record["config_hash"] == final_config(cfg, ENTRIES[cfg.model_a].task).hash()
+    return record["config_hash"] == final_config(cfg, ENTRIES[cfg.model_a].config().arch()).hash()
 
 
 def build_cache(methods: list[str] | None = None, eval_items: int | None = DEFAULT_EVAL_ITEMS,
@@ -266,7 +266,7 @@ def build_widen(methods: tuple[str, ...] = WIDEN_METHODS, eval_items: int | None
                     old = load_record(f)
                 except LMCError:
                     old = None
-            if old is not None and old["config_hash"] == final_config(cfg, check_widen(a, b)[0].arch.task).hash():
+            if old is not None and old["config_hash"] == final_config(cfg, check_widen(a, b)[0].arch).hash():
                 out.append(old)
                 continue
             if log:
@@ -386,7 +386,7 @@ def _ablate_pair(a: str, b: str, force: bool, log: Callable[[str], None] | None)
     def run(label: str, method: str, classes: tuple[str, ...]) -> dict:
         cfg = RunConfig(a, b, method, classes=classes, points=ABLATION_POINTS, eval_items=ABLATION_EVAL_ITEMS)
         row = kept.get(label)
-        if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].task).hash():
+        if row is None or row["config_hash"] != final_config(cfg, ENTRIES[a].config().arch()).hash():
             if log:
                 log(f"ablation {a} / {b}: {label}")
             rec = run_pair(cfg, train_curve=False)  # the ablation keeps test curves only

@@ -144,21 +144,30 @@ def load_named(name_or_path: str, dtype: str = "float32", device: str = "cpu") -
     return m
 
 
-def final_config(cfg: RunConfig, task: str) -> RunConfig:
-    """The config a run records and hashes: the budget and data actually used, the device resolved, the
-    options those of the method's own type (engine.align.method_options: one it does not take is refused).
+def final_config(cfg: RunConfig, arch: Arch) -> RunConfig:
+    """The config a run on models of `arch` records and hashes: the budget and data actually used, the device
+    resolved, the options those of the method's own type (engine.align.method_options: one it does not take is
+    refused).
 
     `cache build` computes it without loading the models to tell whether a stored record is current.
     """
     from engine.align import method_entry, method_options
-    from engine.align.learned import DEFAULT_CANDIDATES, step_budget
+    from engine.align.learned import DEFAULT_CANDIDATES, DEFAULT_LAMBDAS, default_lambdas, step_budget
+    from engine.classes import choose_classes
 
+    task = arch.task
     entry = method_entry(cfg.method)
     options = method_options(cfg.method, cfg.options)
     if "candidates" in options.specs() and options.candidates is None:
         # the MLP candidates default by task and that default has changed (learned.DEFAULT_CANDIDATES): the
         # record names the one it ran, so a record of the earlier default is never taken for a current one
         options = replace(options, candidates=DEFAULT_CANDIDATES[task])
+    if "lambdas" in options.specs() and options.lambdas is None:
+        # an LM path without a residual map samples lam adaptively, not as its task does (learned.default_lambdas):
+        # the record names it, so a record of the task's sampling is never taken for a current one
+        lam = default_lambdas(task, choose_classes(arch, cfg.method, cfg.classes).classes)
+        if lam != DEFAULT_LAMBDAS[task]:
+            options = replace(options, lambdas=lam)
     data = digits_sha256() if task == "vit" else default_splits().sha256
     steps = step_budget(cfg.steps, options.align_kwargs().get("time_budget_s"), entry.steps(task))
     return replace(cfg, steps=steps, data_sha256=data, device=resolve_device(cfg.device), options=options)
@@ -294,7 +303,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     train_es = train_eval_set_for(a, es) if train_curve else None  # a bounded sample of the train split
     t_load = time.perf_counter() - t0
     # The record and its hash carry the budget and data actually used, not the "default" markers.
-    cfg = final_config(replace(cfg, device=device), a.arch.task)
+    cfg = final_config(replace(cfg, device=device), a.arch)
     t1 = time.perf_counter()
     if cfg.method == "naive":
         loss_b = None
@@ -440,7 +449,7 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     if cfg.path != "weights":
         raise LMCError("A width-heterogeneous run interpolates the weights; the circuit path is not offered for it.")
     device = resolve_device(cfg.device)
-    info_a, _ = check_widen(cfg.model_a, cfg.model_b)
+    check_widen(cfg.model_a, cfg.model_b)  # one sentence, before any weight is loaded
     check_run(replace(cfg, model_a=cfg.model_b, device=device))  # lifted A has B's shape: memory as for B with B
     phases = Phases(progress)
     t0 = time.perf_counter()
@@ -450,7 +459,7 @@ def widen_pair(cfg: RunConfig, progress: PhaseProgress | None = None, cancel: Ca
     es = eval_set_for(b, cfg.eval_split, cfg.eval_items)
     train_es = train_eval_set_for(b, es) if train_curve else None
     t_load = time.perf_counter() - t0
-    cfg = final_config(replace(cfg, device=device), info_a.arch.task)
+    cfg = final_config(replace(cfg, device=device), lifted.arch)
     t1 = time.perf_counter()
     n_measure = 1 if cfg.method == "naive" else 2
     measure = phases.phase("measure B", n_measure)

@@ -59,7 +59,7 @@ import math
 import random
 import resource
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -87,6 +87,7 @@ from engine.align.solvers import (
 from engine.align.weight import SMALL_MODEL, weight_match
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import check
+from engine.classes import RESIDUAL
 from engine.data import IGNORE_INDEX
 from engine.errors import LMCError
 from engine.evaluate import seq_len
@@ -119,7 +120,8 @@ VAL_LAMBDAS = (0.1, 0.3, 0.5, 0.7, 0.9)  # where each validation check measures 
 MID = VAL_LAMBDAS.index(0.5)
 # lam sampling per task when a run names none: LM paths rise in one bump at the middle, which U(0.4,
 # 0.6) removes fastest; ViT paths fitted there grow shoulders at lam 0.1-0.3 and 0.7-0.9, which
-# `adaptive` follows (bench/RESULTS.md, "Validating on the path")
+# `adaptive` follows (bench/RESULTS.md, "Validating on the path"). So do LM paths without a residual map
+# (default_lambdas).
 DEFAULT_LAMBDAS = {"lm": "narrow", "vit": "adaptive"}
 STARTS = ("weight", "activation")  # the aligner whose element the latents start from
 CANDIDATES = 16  # the most candidate partners per MLP neuron a default gives (the latent is [m, k] per layer)
@@ -151,7 +153,7 @@ class Settings:
 
     lr_perm, lr_map: peak Adam step sizes of the permutation and continuous latents; warmup: the
     fraction of the steps over which they rise linearly, a cosine decay to the last step follows;
-    lambdas: a key of LAMBDAS (None: DEFAULT_LAMBDAS of the task); patience: validation checks in a
+    lambdas: a key of LAMBDAS (None: default_lambdas of the task and classes); patience: validation checks in a
     row that do not lower the validation barrier by min_improvement of itself (from the last check
     that did) before the run stops, once the step size has decayed to half its peak (None: never);
     eval_every: steps between validation checks (None: steps // EVALS);
@@ -229,6 +231,18 @@ def lr_factor(step: int, steps: int, warmup: float) -> float:
     if step <= w:
         return step / w
     return 0.5 * (1.0 + math.cos(math.pi * (step - w) / (steps - w + 1)))
+
+
+def default_lambdas(task: str, kinds: Iterable[str]) -> str:
+    """The lam sampling of a run that names none: DEFAULT_LAMBDAS of the task, but `adaptive` for an LM
+    aligned without a residual map (the sinusoidal pair by default). Its blocks then meet in unrelated
+    residual coordinates and a path fitted at the middle grows shoulders near its ends: on lm-sinusoidal, dual
+    matching's test path peaked at lam 0.2 (1.463 nats/byte, against 0.609 at the middle), between two
+    validation points; sampled adaptively its barrier is 0.860 against 1.339 at 1,600 steps
+    (bench/RESULTS.md, "The sinusoidal LM pair: lambda where the path rises")."""
+    if task == "lm" and not set(RESIDUAL) & set(kinds):
+        return "adaptive"
+    return DEFAULT_LAMBDAS[task]
 
 
 def sample_lambda(rng: random.Random, mode: str, worst: float = 0.5) -> float:
@@ -898,7 +912,8 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     arch, spec = pair.arch, pair.spec
     st = settings or ctx.learned or Settings()
     # the record names the lam sampling and MLP candidates it used
-    st = replace(st, lambdas=st.lambdas or DEFAULT_LAMBDAS[arch.task], candidates=st.candidates or DEFAULT_CANDIDATES[arch.task])
+    st = replace(st, lambdas=st.lambdas or default_lambdas(arch.task, kinds),
+                 candidates=st.candidates or DEFAULT_CANDIDATES[arch.task])
     progress = progress or ctx.progress
     name = "dual matching" if dual else "learned matching"
     ck, phase = ctx.checkpoint, phase or ("dual" if dual else "learned")
