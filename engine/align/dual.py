@@ -1,6 +1,6 @@
 """Dual learned matching: both models learn a transform toward one shared path (docs/MATH.md section 4.5).
 
-    min over g_A, g_B   E_{lam ~ U(0.4, 0.6)}  L((1 - lam) g_A theta_A + lam g_B theta_B)
+    min over g_A, g_B   E_lam  L((1 - lam) g_A theta_A + lam g_B theta_B)   (lam as learned.sample_lambda draws it)
 
 Every action is linear in the weights and an exact symmetry, so for every lam
 

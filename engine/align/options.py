@@ -24,7 +24,8 @@ class LearnedOptions(Options):
     lambdas: str | None = option(
         "choice", "--lambda-sampling", "lambda sampling",
         "Lambda per step from U(0.4, 0.6) (narrow), U(0, 1) (uniform), 0.5 (fixed), or half U(0, 1) and half "
-        "near the worst validation lambda (adaptive); by default narrow for LMs and adaptive for ViTs.",
+        "near the worst validation lambda (adaptive); by default narrow for LMs and adaptive for ViTs and for LMs "
+        "aligned without a residual map.",
         choices=LAMBDAS)
     patience: int | None = option(
         "count", "--patience", "patience (checks)",

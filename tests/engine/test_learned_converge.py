@@ -250,6 +250,52 @@ def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
     assert res["settings"]["lambdas"] == "fixed"
 
 
+def test_an_lm_path_without_a_residual_map_samples_lambda_adaptively():
+    """learned.default_lambdas: an LM aligned with a residual map samples U(0.4, 0.6), one aligned without
+    (the sinusoidal pair's default classes) adaptively, as ViTs do; a run names what it sampled."""
+    from engine.classes import RESIDUAL
+
+    assert learned.default_lambdas("lm", {"heads", "mlp", "residual_orth"}) == "narrow"
+    assert learned.default_lambdas("lm", {"heads", "mlp", "residual_perm"}) == "narrow"
+    assert learned.default_lambdas("lm", {"heads", "mlp", "qk", "vo"}) == "adaptive"
+    assert learned.default_lambdas("vit", {"heads", "residual_orth"}) == "adaptive"
+    pair, kinds = rope_pair()
+    assert set(RESIDUAL) & kinds
+    without = kinds - set(RESIDUAL)
+    res = optimise(AlignContext(pair, without, steps=12), identity(pair.arch), dual=False, steps=12,
+                   settings=Settings(eval_every=4))
+    assert res["settings"]["lambdas"] == "adaptive"
+    assert any(not 0.4 <= lam <= 0.6 for lam in res["curve"]["lambda"])  # narrow never leaves [0.4, 0.6]
+
+
+def test_a_record_s_config_names_the_sampling_when_it_is_not_its_task_s():
+    """pipeline.final_config: the zoo's sinusoidal LM pair (no residual map by default) and any LM run whose
+    classes leave the residual map out record `adaptive`, so their hash differs from a record of the task's
+    narrow sampling; every other run's config is as before (lambdas unnamed)."""
+    from engine.pipeline import final_config
+    from engine.results import RunConfig
+    from engine.zoo import ENTRIES
+
+    def lam(a: str, method: str = "dual", classes: tuple[str, ...] = ()) -> str | None:
+        cfg = RunConfig(a, a.replace("-s0", "-s1"), method, classes=classes)
+        return final_config(cfg, ENTRIES[a].config().arch()).options.lambdas
+
+    assert lam("lm-sinusoidal-s0") == "adaptive" and lam("lm-sinusoidal-s0", "learned") == "adaptive"
+    assert lam("lm-learned-s0") is None and lam("lm-rope-s0") is None and lam("vit-sinusoidal-s0") is None
+    assert lam("lm-learned-s0", classes=("heads", "mlp", "qk", "vo")) == "adaptive"
+    assert lam("lm-learned-s0", classes=("heads", "mlp", "residual_orth")) is None
+    named = RunConfig("lm-learned-s0", "lm-learned-s1", "dual", classes=("heads", "mlp", "qk", "vo"))
+    arch = ENTRIES["lm-learned-s0"].config().arch()
+    explicit = replace(named, options=learned_options(lambdas="adaptive"))
+    assert final_config(named, arch).hash() == final_config(explicit, arch).hash()
+
+
+def learned_options(**kw):
+    from engine.align import method_options
+
+    return method_options("dual", kw)
+
+
 def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
     """Validation measures the path at VAL_LAMBDAS; the kept element is the check with the smallest
     largest excess over the chord, and the history says where each check's worst point lay."""
