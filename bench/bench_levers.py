@@ -2,7 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_levers.py lm-none --steps 1600 [--method dual]
         [--candidates 16 1 1 1] [--ensemble 1.0] [--lr-map 0.02] [--val spread] [--val-items 4096]
-        [--lambdas adaptive] [--val-lambdas 0.1 0.2 ... 0.9]
+        [--lambdas adaptive] [--band 0.3 0.7] [--val-lambdas 0.1 0.2 ... 0.9]
 
 One optimisation from the weight-matching start (the engine's `optimise`, its defaults unless named), then
 the record's evaluation of the kept element: the first 65,536 test tokens (or every test image), 21 points.
@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--ensemble", type=float, default=0.0, help="weight of the endpoints' mixture as the target")
     ap.add_argument("--lr-map", type=float, help="peak step size of the continuous latents")
     ap.add_argument("--lambdas", help="lam sampling (the engine's Settings.lambdas; default: the task's)")
+    ap.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"),
+                    help="the interval `narrow` draws lam from (default: the engine's 0.4 0.6)")
     ap.add_argument("--val-lambdas", nargs="+", type=float, help="where a validation check measures the path "
                     "(default: the engine's 0.1, 0.3, ..., 0.9; must include 0.5)")
     ap.add_argument("--val", default="start", choices=["start", "spread"], help="where the validation windows lie")
@@ -75,6 +77,8 @@ def main() -> None:
         return [by_k[kk][i] for i, kk in enumerate(ks)]
 
     learned.mlp_candidates = per_layer
+    if args.band:
+        learned.LAMBDAS = learned.LAMBDAS | {"narrow": tuple(args.band)}
     if args.val_lambdas:
         learned.VAL_LAMBDAS, learned.MID = tuple(args.val_lambdas), args.val_lambdas.index(0.5)
     if args.val_items:
@@ -121,7 +125,7 @@ def main() -> None:
     moved = apply(pair.arch, learned.relative(pair.arch, r["g_a"], r["g_b"]), pair.params_b, strict=False)
     res = interpolate(pair.model_a, model_for(pair.model_b, pair.arch, moved), eval_set_for(a, "test", 65536), 21)
     print(json.dumps({"pair": args.pair, "method": args.method, "steps": args.steps, "candidates": ks,
-                      "ensemble": args.ensemble, "lr_map": st.lr_map, "lambdas": st.lambdas, "val": args.val,
+                      "ensemble": args.ensemble, "lr_map": st.lr_map, "lambdas": st.lambdas, "band": args.band, "val": args.val,
                       "val_lambdas": learned.VAL_LAMBDAS,
                       "val_items": learned.VAL_ITEMS[a.arch.task], "test_barrier": res["barrier"],
                       "best_val_barrier": r["best_val_barrier"], "best_step": r["best_step"],
