@@ -272,6 +272,7 @@ def test_a_record_s_config_names_the_sampling_when_it_is_not_its_task_s():
     """pipeline.final_config: the zoo's sinusoidal LM pair (no residual map by default) and any LM run whose
     classes leave the residual map out record `adaptive`, so their hash differs from a record of the task's
     narrow sampling; every other run's config is as before (lambdas unnamed)."""
+    from engine.align import method_options
     from engine.pipeline import final_config
     from engine.results import RunConfig
     from engine.zoo import ENTRIES
@@ -286,14 +287,8 @@ def test_a_record_s_config_names_the_sampling_when_it_is_not_its_task_s():
     assert lam("lm-learned-s0", classes=("heads", "mlp", "residual_orth")) is None
     named = RunConfig("lm-learned-s0", "lm-learned-s1", "dual", classes=("heads", "mlp", "qk", "vo"))
     arch = ENTRIES["lm-learned-s0"].config().arch()
-    explicit = replace(named, options=learned_options(lambdas="adaptive"))
+    explicit = replace(named, options=method_options("dual", {"lambdas": "adaptive"}))
     assert final_config(named, arch).hash() == final_config(explicit, arch).hash()
-
-
-def learned_options(**kw):
-    from engine.align import method_options
-
-    return method_options("dual", kw)
 
 
 def test_the_kept_element_has_the_lowest_validation_barrier_on_the_path():
