@@ -1,7 +1,7 @@
 """Two levers on learned / dual matching that the engine does not ship, measured against its defaults.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_levers.py lm-none --steps 1600 [--method dual]
-        [--candidates 16 1 1 1] [--ensemble 1.0] [--lr-map 0.02] [--val spread] [--val-items 4096]
+        [--candidates 16 1 1 1] [--ensemble 1.0] [--lr-map 0.02] [--batch 64] [--val spread] [--val-items 4096]
         [--lambdas adaptive] [--band 0.3 0.7] [--val-lambdas 0.1 0.2 ... 0.9]
 
 One optimisation from the weight-matching start (the engine's `optimise`, its defaults unless named), then
@@ -38,6 +38,7 @@ def main() -> None:
     ap.add_argument("--candidates", nargs="+", type=int, help="MLP partners per neuron, one count per layer")
     ap.add_argument("--ensemble", type=float, default=0.0, help="weight of the endpoints' mixture as the target")
     ap.add_argument("--lr-map", type=float, help="peak step size of the continuous latents")
+    ap.add_argument("--batch", type=int, help="sequences / images per step (default: the engine's, 16)")
     ap.add_argument("--lambdas", help="lam sampling (the engine's Settings.lambdas; default: the task's)")
     ap.add_argument("--band", nargs=2, type=float, metavar=("LO", "HI"),
                     help="the interval `narrow` draws lam from (default: the engine's 0.4 0.6)")
@@ -117,7 +118,7 @@ def main() -> None:
             return (1 - w) * task_loss(logits, y) - w * (p * F.log_softmax(logits, -1)).sum(-1).mean()
 
         learned.backward_loss, learned.task_loss = with_target, mixed
-    named = {"lr_map": args.lr_map, "lambdas": args.lambdas}
+    named = {"lr_map": args.lr_map, "lambdas": args.lambdas, "batch": args.batch}
     st = learned.Settings(candidates=max(ks), **{k: v for k, v in named.items() if v is not None})
     t = time.perf_counter()
     r = learned.optimise(AlignContext(pair, kinds, steps=args.steps, learned=st), g0, args.method == "dual", args.steps)
@@ -125,7 +126,7 @@ def main() -> None:
     moved = apply(pair.arch, learned.relative(pair.arch, r["g_a"], r["g_b"]), pair.params_b, strict=False)
     res = interpolate(pair.model_a, model_for(pair.model_b, pair.arch, moved), eval_set_for(a, "test", 65536), 21)
     print(json.dumps({"pair": args.pair, "method": args.method, "steps": args.steps, "candidates": ks,
-                      "ensemble": args.ensemble, "lr_map": st.lr_map, "lambdas": st.lambdas, "band": args.band, "val": args.val,
+                      "ensemble": args.ensemble, "batch": st.batch, "lr_map": st.lr_map, "lambdas": st.lambdas, "band": args.band, "val": args.val,
                       "val_lambdas": learned.VAL_LAMBDAS,
                       "val_items": learned.VAL_ITEMS[a.arch.task], "test_barrier": res["barrier"],
                       "best_val_barrier": r["best_val_barrier"], "best_step": r["best_step"],

@@ -424,6 +424,8 @@ def _print_alignment(rec: dict, args, alpha: float) -> None:
           + (f", approximate: {', '.join(chk['approximate_classes'])}" if chk["approximate_classes"] else ""))
     if "identity" in al["diagnostics"]:
         print(f"dual/one-sided identity: max relative error {al['diagnostics']['identity']['max_relative_error']:.1e}")
+    if "one_sided_skipped" in al["diagnostics"]:
+        print(f"one-sided comparison skipped: {al['diagnostics']['one_sided_skipped']}")
     if "sweeps" in al["diagnostics"]:  # weight matching says how its descent ended, converged or not
         d = al["diagnostics"]
         print(f"weight matching: {len(d['sweeps'])} sweep(s), {'converged' if d['converged'] else 'NOT converged'}: "

@@ -336,6 +336,7 @@ _DIAGNOSTICS = _obj({
     "one_sided_same_budget": _obj({"history": _HISTORY, "steps": _whole(), "best_val_barrier": _MEASURE,
                                    "best_val_midpoint_loss": _MEASURE, "dual_minus_one_sided": _MEASURE,
                                    "dual_minus_one_sided_barrier": _MEASURE, "from_learned_record": _flag()}),
+    "one_sided_skipped": _text(),
     "sweeps": _list(_obj({"sweep": _whole(), "objective": _MEASURE, "permutation_changes": _whole(),
                           "residual_change": _MEASURE, "seconds": _real(lo=0)}, required=("sweep", "objective")),
                     MAX_LIST, what="sweeps"),

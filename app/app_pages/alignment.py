@@ -316,6 +316,8 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
         if (d.get("one_sided_same_budget") or {}).get("from_learned_record"):
             notes.append("The dashed one-sided run is the stored learned record's: the very optimisation this "
                          "comparison runs (same start, data, λ draws and steps), taken rather than run again.")
+        if d.get("one_sided_skipped"):
+            notes.append(f"No one-sided comparison: {d['one_sided_skipped']}.")
         if d.get("resumed_at"):
             steps = ", ".join(f"{s:,}" for s in d["resumed_at"])
             notes.append(f"The run was interrupted and resumed from its saved state at step"

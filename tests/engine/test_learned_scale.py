@@ -65,6 +65,26 @@ def test_time_budget_stops_the_optimisation_and_the_record_says_so():
     assert info["seconds_per_step"] > 0 and info["resolve_every"] == learned.RESOLVE_EVERY
 
 
+def test_a_time_budget_is_the_whole_dual_run_and_the_record_says_the_comparison_was_skipped(monkeypatch):
+    pair, kinds = rope_pair()
+    ran = []
+    optimise = dual.optimise
+
+    def counted(ctx, g0, dual, *args, **kw):
+        ran.append("dual" if dual else "one-sided")
+        return optimise(ctx, g0, dual, *args, **kw)
+
+    monkeypatch.setattr(dual, "optimise", counted)
+    info = dual.align_dual(AlignContext(pair, kinds, steps=3, time_budget_s=60.0)).info
+    assert ran == ["dual"] and info["steps_done"] == 3 and "one_sided_same_budget" not in info
+    assert info["one_sided_skipped"].startswith("the 60 s time budget went to the dual optimisation")
+    assert "--method learned --steps 3" in info["one_sided_skipped"]
+    ran.clear()
+    info = dual.align_dual(AlignContext(pair, kinds, steps=3)).info  # a step budget: the comparison runs
+    assert ran == ["dual", "one-sided"] and info["one_sided_same_budget"]["steps"] == 3
+    assert "one_sided_skipped" not in info
+
+
 def test_memory_record_counts_latents_and_adam_state_in_the_model_dtype():
     for dtype in (F64, torch.float32):
         pair, kinds = rope_pair(dtype=dtype)
