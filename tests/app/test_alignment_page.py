@@ -224,6 +224,13 @@ def test_the_optimisation_says_where_its_comparison_came_from_and_when_it_resume
     said = captions(page("dual", live_runs={PAIR: {"dual": live}}))
     assert "The dashed one-sided run is the stored learned record's" in said
     assert "resumed from its saved state at steps 40, 1,200;" in said
+    # a run given a time budget spent it on dual matching: no comparison, and the page says why
+    del d["one_sided_same_budget"]
+    d["one_sided_skipped"] = "the 900 s time budget went to the dual optimisation"
+    at = page("dual", live_runs={PAIR: {"dual": live}})
+    assert "No one-sided comparison: the 900 s time budget went to the dual optimisation." in captions(at)
+    assert "Dual − one-sided" not in {m.label for m in at.metric}
+    assert not [t for t in chart(at, "history_chart")["data"] if t.get("line", {}).get("dash") == "dash"]
 
 
 def test_a_live_run_from_the_connectivity_page_is_offered_first(env):
