@@ -158,9 +158,9 @@ def test_weight_matching_recovers_a_planted_element_of_the_wide_group(kw, target
     """B = g . lift(A) for a random g of B's width (every class; the residual rotation mixes the padding into
     the real coordinates): weight matching finds g^-1 on the real units, B comes back onto lifted A and the
     path is flat. With padded head dimensions the within-head fits are rank deficient (every map of the
-    padded dimensions is optimal), so the parameters come back to 1e-9 to 1e-6 only, in directions no
-    logit sees, where the solver's path through the flat directions differs by CPU (1.3e-6 relative on the
-    ViT on an AMD EPYC with AVX-512, below 1e-6 on others); the path stays exact to 1e-12."""
+    padded dimensions is optimal), so the parameters come back only to about 1e-9 to 1e-6 relative, in
+    directions no logit sees, where the solver's path through the flat directions differs by CPU (the ViT:
+    1.3e-6 on an AMD EPYC with AVX-512, below 1e-6 on the earlier CPUs); the path stays exact to 1e-12."""
     cfg = tiny(**kw)
     a = random_model(cfg)
     lifted = lift(a, **target)
