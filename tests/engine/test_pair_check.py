@@ -44,6 +44,14 @@ def test_a_good_pair_is_described_by_what_it_is(dirs):
     assert "same directory" in api.describe_pair(str(dirs / "a"), str(dirs / "a"))
 
 
+def test_a_zoo_pair_says_how_long_its_recipe_trained():
+    """Barriers compare only between pairs trained alike, so the description names the step budget."""
+    assert api.describe_pair("lm-none-s0", "lm-none-s1").endswith(
+        "the same recipe trained for 3,000 steps from seeds 0 and 1 (initialisation and data order).")
+    assert "trained for 1,000 steps" in api.describe_pair("lm-learned-s0", "lm-learned-s1")
+    assert "trained for 4,000 steps" in api.describe_pair("vit-rope-s0", "vit-rope-s1")
+
+
 @pytest.mark.parametrize("a, b, error, text", [
     ("a", "vit", ArchitectureMismatch, "Model A is a reference LM and model B a reference ViT: "),
     ("a", "wide", ArchitectureMismatch, "Models A and B are both reference LMs but of different shapes (d_mlp"),
