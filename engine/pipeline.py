@@ -130,10 +130,11 @@ def describe_pair(model_a: str, model_b: str) -> str:
     is described by what its configs say (check_pair must accept it)."""
     a, b = check_pair(model_a, model_b)
     if model_a in ENTRIES and model_b in ENTRIES:
+        ea, eb = ENTRIES[model_a], ENTRIES[model_b]
         # the step budget too: longer-trained pairs keep larger barriers (bench/RESULTS.md, "Training length, not
         # the positional scheme")
-        return (f"{a.describe()}; the same recipe trained for {ENTRIES[model_a].train_config().steps:,} steps from "
-                f"seeds {ENTRIES[model_a].seed} and {ENTRIES[model_b].seed} (initialisation and data order).")
+        return (f"{a.describe()}; the same recipe trained for {ea.train_config().steps:,} steps from seeds {ea.seed} "
+                f"and {eb.seed} (initialisation and data order).")
     if a.path == b.path:
         return f"{a.describe()}; A and B are the same directory, so the path is flat by construction."
     return f"Two {a.label}s of the same shape: {a.describe()}."
