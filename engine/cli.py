@@ -325,9 +325,10 @@ def _encoders(args, method: str, device: str) -> bool:
 
     if not encoder_pair(args.model_a, args.model_b):
         return False
-    if getattr(args, "save_merged", None) is not None or args.path != "weights" or args.offload:
-        raise LMCError("--save-merged, --path circuits and --offload apply to loss paths; an encoder without a head "
-                       "gets the representation comparison alone.")
+    if getattr(args, "save_merged", None) is not None or getattr(args, "save_element", None) is not None or \
+            args.path != "weights" or args.offload:
+        raise LMCError("--save-merged, --save-element, --path circuits and --offload apply to loss paths; an encoder "
+                       "without a head gets the representation comparison alone.")
     rec = represent_pair(args.model_a, args.model_b, method, tuple(getattr(args, "classes", None) or ()),
                          args.points, args.split, args.eval_items, getattr(args, "seed", 0),
                          getattr(torch, args.dtype), device=device)
@@ -386,6 +387,9 @@ def cmd_align(args) -> None:
     _check_steps(args)
     inputs, device = _check_pair_args(args)
     state = _check_resume(args, inputs)
+    if args.save_element is not None and args.out is not None and \
+            os.path.realpath(args.save_element) == os.path.realpath(args.out):
+        raise LMCError(f"--save-element {args.save_element} is also the --out file; give each its own file name.")
     if _encoders(args, args.method, device):
         return
     alpha = 0.5 if args.alpha is None else args.alpha
@@ -395,7 +399,7 @@ def cmd_align(args) -> None:
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
                        extrapolate=args.extrapolate, offload=args.offload, attribution=args.attribution,
-                       checkpoint=state)
+                       checkpoint=state, save_element=args.save_element)
     finally:
         bars.close()
     _report(rec, args.out, lambda: _print_alignment(rec, args, alpha))
@@ -433,6 +437,13 @@ def _print_alignment(rec: dict, args, alpha: float) -> None:
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
         print(f"merged model format: {rec['merged']['format']}")
+    if args.save_element:
+        print(f"saved the element to {args.save_element}; `--start {args.save_element}` goes on from it")
+    start = al["diagnostics"].get("start_element")
+    if start:
+        barrier = start.get("barrier")
+        print(f"started from {start['file']} ({start.get('method') or 'an alignment'}, {start.get('steps') or 0} steps"
+              + (f", barrier {barrier:.4f})" if isinstance(barrier, (int, float)) else ")"))
 
 
 def cmd_widen(args) -> None:
@@ -784,6 +795,8 @@ def _add_option_args(p: argparse.ArgumentParser) -> None:
                     "help": f"{' / '.join(methods)}: {spec.help[:1].lower()}{spec.help[1:].rstrip('.')}"}
         if spec.kind == "choice":
             kw["choices"] = list(spec.choices)
+        elif spec.kind == "choice_or_file":  # the options type checks the form, the method the file
+            kw["metavar"] = "{" + ",".join(spec.choices) + f",FILE{spec.suffix}}}"
         elif spec.kind == "flag":
             kw |= {"action": "store_const", "const": True}
         elif spec.kind == "count":
@@ -879,6 +892,9 @@ def parser() -> argparse.ArgumentParser:
                    help="learned, dual: keep the optimisation's state in DIR at every validation check; the same "
                         "command run again after an interruption resumes there, to the same result; the state is "
                         "deleted when the run finishes")
+    p.add_argument("--save-element", type=_path, default=None, metavar="FILE.safetensors",
+                   help="write the element the run found, in full precision, to this file (new, or one this tool "
+                        "wrote); a later learned or dual run starts there with --start FILE")
     p.set_defaults(fn=cmd_align)
 
     p = sub.add_parser("plane", help="the loss over the plane through A, B and B aligned (a contour map's data)")

@@ -28,6 +28,7 @@ KINDS = {  # kind -> what a value must be, as the error sentence says it
     "fraction": "a number between 0 and 1",
     "count": "a whole number from 1 to {most:,}",
     "choice": "one of {choices}",
+    "choice_or_file": "one of {choices}, or the path of a {suffix} file",
     "flag": "True or False",
 }
 REAL = ("seconds", "rate", "fraction")
@@ -43,9 +44,10 @@ class Option:
     help: str  # one sentence
     choices: tuple[str, ...] = ()  # kind "choice"
     most: int = 0  # kind "count": the largest value
+    suffix: str = ""  # kind "choice_or_file": how a file's name ends (its content is the method's to check)
 
     def describe(self) -> str:
-        return KINDS[self.kind].format(most=self.most, choices=", ".join(self.choices))
+        return KINDS[self.kind].format(most=self.most, choices=", ".join(self.choices), suffix=self.suffix)
 
     def valid(self, v: object) -> bool:
         number = isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -59,6 +61,8 @@ class Option:
             return isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= self.most
         if self.kind == "choice":
             return isinstance(v, str) and v in self.choices
+        if self.kind == "choice_or_file":
+            return isinstance(v, str) and (v in self.choices or (v.endswith(self.suffix) and len(v) > len(self.suffix)))
         return isinstance(v, bool)
 
     def parse(self, text: str) -> object:
@@ -74,11 +78,12 @@ class Option:
         return text
 
 
-def option(kind: str, flag: str, label: str, help: str, choices: Iterable[str] = (), most: int = 0):
+def option(kind: str, flag: str, label: str, help: str, choices: Iterable[str] = (), most: int = 0,
+           suffix: str = ""):
     """A field of an options type: unset (None) by default, declared by its Option."""
     if kind not in KINDS:
         raise ValueError(f"option kind {kind!r} is not one of {', '.join(KINDS)}")
-    return field(default=None, metadata={"option": Option(kind, flag, label, help, tuple(choices), most)})
+    return field(default=None, metadata={"option": Option(kind, flag, label, help, tuple(choices), most, suffix)})
 
 
 @dataclass(frozen=True)

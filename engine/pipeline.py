@@ -245,7 +245,8 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
              cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None,
-             one_sided: dict | None = None, checkpoint: str | Path | None = None) -> dict:
+             one_sided: dict | None = None, checkpoint: str | Path | None = None,
+             save_element: str | Path | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
@@ -272,7 +273,9 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     may take instead of running it (engine.builders.one_sided_run says when that is the same run).
     `checkpoint`: a directory where learned and dual matching keep a resumable state, so that the same run
     started again after an interruption resumes at its last validation check (engine.align.resume); the
-    caller deletes it once the record is stored.
+    caller deletes it once the record is stored. `save_element` writes the element the run found, in full
+    precision, to that file (engine.align.start: a later learned or dual run's `start`); the record's
+    `element_file` names it.
     """
     from engine.align import method_options
     from engine.align.run import align, alignment_record, endpoint_check
@@ -290,6 +293,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     if save_merged is not None:
         check_alpha(alpha, extrapolate)
         check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
+    check_element_files(cfg, info_a.arch, save_element, (path_a, path_b))
     from engine.memory import trim_freed_memory
     from engine.resources import check_run  # memory from the configs: refuse before loading
     check_run(cfg, offload=offload)
@@ -352,7 +356,42 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
         timings["interpolate_aligned_coordinates"] = time.perf_counter() - t1
     rec = make_record(cfg, path, timings, arch=a.arch.to_dict(), alignment=alignment, endpoint_check=check, **extra)
     rec["provenance"]["reference_gflops"] = round(gflops, 2)
+    if save_element is not None:
+        rec["element_file"] = write_element(save_element, al, rec)
     return rec
+
+
+def check_element_files(cfg: RunConfig, arch: Arch, save: str | Path | None, inputs: tuple[Path, Path]) -> None:
+    """Before anything loads: the element file a run starts from fits its models and classes, and the one it
+    will save is a file it may write (engine.align.start)."""
+    from engine.align.start import check_save_target, check_start, is_file_start
+    from engine.classes import choose_classes
+
+    start = cfg.options.given().get("start")
+    if is_file_start(start):
+        check_start(start, arch, choose_classes(arch, cfg.method, cfg.classes).classes)
+    if save is not None:
+        if cfg.method == "naive":
+            raise LMCError("--save-element keeps what an alignment found; the naive run has no element (the "
+                           "identity).")
+        check_save_target(save, inputs)
+
+
+def write_element(file: str | Path, al, rec: dict) -> dict:
+    """Save the run's element (B's own, and A's for dual: engine.align.start) and say where, by process 0."""
+    from engine.align.start import file_sha256, save_element
+    from engine.symmetry import compose
+
+    out, arch = al.out, al.pair.arch
+    g_b = out.g if out.g_a is None else compose(arch, out.g_a, out.g)  # dual: out.g is g_A^{-1} g_B
+    diag = rec["alignment"].get("diagnostics") or {}
+    meta = {"method": rec["method"], "model_a": rec["model_a"], "model_b": rec["model_b"],
+            "classes": sorted(al.classes), "rewrite": al.pair.rewrite, "steps": diag.get("steps_done"),
+            "barrier": rec["barrier"], "config_hash": rec["config_hash"]}
+    if not distributed.is_main():  # under torchrun every process holds the element; process 0 writes it
+        return {"path": str(file)}
+    save_element(file, arch, g_b, out.g_a, meta)
+    return {"path": str(file), "sha256": file_sha256(file)}
 
 
 PLANE_EVAL_ITEMS = 8_192  # the loss plane evaluates GRID^2 points: 8,192 tokens (or every test image) each

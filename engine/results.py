@@ -345,6 +345,9 @@ _DIAGNOSTICS = _obj({
     "resolves": _map(_reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT), "an object of lists of whole numbers"),
     "permutation_solves": _map(_whole(), "an object of whole numbers"),
     "resumed_at": _reals(MAX_LIST, whole=True, lo=0, hi=MAX_COUNT),
+    "start_element": _obj({"file": _text(4096), "sha256": _text(64), "method": _text(64, null=True),
+                           "model_a": _text(null=True), "model_b": _text(null=True), "steps": _whole(null=True),
+                           "barrier": _real(null=True)}, required=("file", "sha256")),
     "settings": _map({"type": ["string", "number", "boolean", "null"], "finite": True, "maxLength": MAX_TEXT},
                      "an object of settings, each text, a finite number, true, false or null"),
 })
@@ -426,6 +429,7 @@ RECORD_SCHEMA = {
                       "maps": _obj({"heads": _PERM, "head_dims": _PERM, "mlp": _text(64), "residual": _text(64)}),
                       "padding": _map(_whole(hi=MAX_WIDTH), "an object of widths")}),
         "merged": _obj({"path": _text(4096), "alpha": _real(), "family": _text(64), "format": _text()}),
+        "element_file": _obj({"path": _text(4096), "sha256": _text(64)}, required=("path",)),
     },
 }
 

@@ -323,6 +323,14 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
             notes.append(f"The run was interrupted and resumed from its saved state at step"
                          f"{'s' if len(d['resumed_at']) > 1 else ''} {steps}; a resumed "
                          "run ends exactly where the uninterrupted one would.")
+        start = d.get("start_element")
+        if start:
+            barrier = start.get("barrier")
+            made = f"a {start['method']} run" if start.get("method") else "an earlier run"
+            steps = f" of {start['steps']:,} steps" if start.get("steps") else ""
+            notes.append(f"Started from {start['file']}, the element {made}{steps} saved"
+                         + (f" (barrier {barrier:.4f} {unit})" if isinstance(barrier, (int, float)) else "")
+                         + ", not from weight matching: step 0 is that run's kept element.")
         if notes:
             st.caption(" ".join(notes))
     ident = d.get("identity")

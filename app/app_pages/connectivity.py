@@ -83,7 +83,7 @@ def options_picker(method: str) -> dict:
     with st.expander("Method options"):
         for name, spec in specs.items():
             key, label, help_ = f"option_{method}_{name}", spec.label[:1].upper() + spec.label[1:], spec.help
-            if spec.kind == "choice":
+            if spec.kind in ("choice", "choice_or_file"):  # the app starts from an aligner, not a file
                 values[name] = st.selectbox(label, [None, *spec.choices], key=key, help=help_,
                                             format_func=lambda v: "default" if v is None else v)
             elif spec.kind == "flag":

@@ -40,7 +40,8 @@ from engine.align.learned import (
     path_logits,
     path_losses,
     relative,
-    starting_element,
+    start_record,
+    starting_point,
 )
 from engine.align.learned import scratch_bytes as learned_scratch
 from engine.align.pair import Pair
@@ -94,7 +95,7 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     """Dual learned matching (registry entry `dual`); returns g_A^{-1} g_B and A's own g_A."""
     t = tick()
     steps = ctx.steps or TASK_STEPS[ctx.pair.arch.task]
-    g0 = starting_element(ctx)
+    s = starting_point(ctx)
     t_init = t()
     # a time budget is the whole run's: the dual optimisation spends it, and a comparison as long again would
     # double the wall time the user asked for, so it runs only under a step budget (as every stored record has)
@@ -102,12 +103,13 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     # one stretch of progress for both optimisations: the dual steps, then the one-sided comparison's
     unit = steps if steps < MAX_STEPS else 1000  # without a step cap, progress is per mille of the time budget
     total = 2 * unit if compare else unit
-    res = optimise(ctx, g0, dual=True, steps=steps, time_budget_s=ctx.time_budget_s,
-                   progress=relabel(ctx.progress, "dual: ", total=total))
+    res = optimise(ctx, s.g_b, dual=True, steps=steps, time_budget_s=ctx.time_budget_s,
+                   progress=relabel(ctx.progress, "dual: ", total=total), g0_a=s.g_a, start_file=s.file)
     g_a, g_b = res["g_a"], res["g_b"]
     info = {k: res[k] for k in RECORD}
     info["identity"] = dual_identity(ctx.pair, g_a, g_b)
     info["seconds"], info["init_seconds"] = t(), t_init
+    info |= start_record(s)
     if ctx.compare_one_sided and not compare:
         info["one_sided_skipped"] = (f"the {ctx.time_budget_s:g} s time budget went to the dual optimisation; "
                                      f"`--method learned --steps {res['steps_done']}` runs the one-sided one for as many steps")
@@ -116,8 +118,8 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
         taken = ctx.one_sided is not None and ctx.one_sided["steps"] == done
         # the same optimisation, data and lam sequence as a learned run of `done` steps: an equal one is taken
         one = ctx.one_sided if taken else optimise(
-            ctx, g0, dual=False, steps=done, phase="one_sided",
-            progress=relabel(ctx.progress, "one-sided comparison: ", offset=done, total=2 * done))
+            ctx, s.one_sided(ctx.pair.arch), dual=False, steps=done, phase="one_sided",
+            progress=relabel(ctx.progress, "one-sided comparison: ", offset=done, total=2 * done), start_file=s.file)
         info["one_sided_same_budget"] = {"from_learned_record": taken,
             "steps": res["steps_done"], "best_val_midpoint_loss": one["best_val_midpoint_loss"],
             "best_val_barrier": one["best_val_barrier"], "history": one["history"],

@@ -84,6 +84,7 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
+from engine.align.start import SUFFIX, is_file_start, read_element
 from engine.align.weight import SMALL_MODEL, weight_match
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import check
@@ -123,7 +124,7 @@ MID = VAL_LAMBDAS.index(0.5)
 # `adaptive` follows (bench/RESULTS.md, "Validating on the path"). So do LM paths without a residual map
 # (default_lambdas).
 DEFAULT_LAMBDAS = {"lm": "narrow", "vit": "adaptive"}
-STARTS = ("weight", "activation")  # the aligner whose element the latents start from
+STARTS = ("weight", "activation")  # the aligner whose element the latents start from, or an element file
 CANDIDATES = 16  # the most candidate partners per MLP neuron a default gives (the latent is [m, k] per layer)
 # MLP candidates per task when a run names none. On the LMs learning the MLP permutation costs barrier:
 # the hard permutation flips about a tenth of the units every re-solve to the last step, and the other
@@ -160,7 +161,8 @@ class Settings:
     candidates: partners per MLP neuron in its latent (None: DEFAULT_CANDIDATES of the task; 1 keeps the
     start's MLP permutation);
     start: a key of STARTS, the element the latents start from (weight matching, or activation
-    matching on one training batch);
+    matching on one training batch), or the path of an element file an earlier run saved
+    (engine.align.start: `align --save-element`);
     batch: sequences / images per step (None: the context's, 16); a larger one costs more per step and
     lowers the plateau a long run reaches (bench/RESULTS.md, "To convergence").
     """
@@ -179,8 +181,9 @@ class Settings:
     def __post_init__(self) -> None:
         if self.lambdas is not None and self.lambdas not in LAMBDAS:
             raise LMCError(f"Lambda sampling {self.lambdas!r} is not available; choose one of {', '.join(LAMBDAS)}.")
-        if self.start not in STARTS:
-            raise LMCError(f"Learned matching start {self.start!r} is not available; choose one of {', '.join(STARTS)}.")
+        if self.start not in STARTS and not is_file_start(self.start):
+            raise LMCError(f"Learned matching start {self.start!r} is not available; choose one of {', '.join(STARTS)} "
+                           f"or an element file ({SUFFIX}).")
         for name in ("lr_perm", "lr_map"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -890,7 +893,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
              time_budget_s: float | None = None, progress: Progress | None = None,
              settings: Settings | None = None,
              on_check: Callable[[int, GroupElement | None, GroupElement], None] | None = None,
-             phase: str | None = None) -> dict:
+             phase: str | None = None, g0_a: GroupElement | None = None, start_file: dict | None = None) -> dict:
     """Adam on the latents of B's transform (and A's, if dual) on the interpolated task loss.
 
     Runs `steps` steps, or fewer when `time_budget_s` seconds of optimisation run out (checked
@@ -898,7 +901,9 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     improved for `settings.patience` checks. `settings` (default ctx.learned, else Settings()) sets
     the schedule, the lam sampling and the MLP candidates; `progress` (default ctx.progress) hears
     of every step; `on_check(step, g_a, g_b)` (optional) is called after every validation check with
-    the best hard elements so far. Returns the best hard elements seen on the validation batch
+    the best hard elements so far; `g0_a` (dual) starts A's latents there instead of at the identity, and
+    `start_file` (the summary of the element file the starts came from) makes a state of another start's
+    run not resumable. Returns the best hard elements seen on the validation batch
     (validation barrier of the path theta_A -> g_A^{-1} g_B theta_B, the same function as the dual
     path), the
     history, the curve, the steps done and the memory it took: latent and Adam-state bytes, and the
@@ -919,7 +924,8 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     ck, phase = ctx.checkpoint, phase or ("dual" if dual else "learned")
     # what makes it this optimisation beyond the run's config: a state of any other is not resumed
     ident = {"dual": dual, "steps": steps, "time_budget_s": time_budget_s, "settings": asdict(st), "seed": ctx.seed,
-             "batch": st.batch or ctx.batch, "classes": sorted(kinds)}
+             "batch": st.batch or ctx.batch, "classes": sorted(kinds)} | (
+                 {"start_sha256": start_file["sha256"]} if start_file else {})
     state = resume.load(ck, phase, ident) if ck is not None else None
     if state is not None and state.meta.get("finished"):
         return finished_result(state, arch.n_layers, dual)
@@ -943,7 +949,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         cand = {tag: [state.tensors[f"{tag}.cand.{i}"] for i in range(arch.n_layers)] for tag in tags} if has_mlp \
             else {}
     else:
-        g0, cand = {"a": identity(arch), "b": g0_b}, {}
+        g0, cand = {"a": identity(arch) if g0_a is None else g0_a, "b": g0_b}, {}
         if has_mlp:
             cand["b"] = mlp_candidates(spec, pa, pb, g0_b, st.candidates)
             if dual:  # A's latent scores A's neurons against B moved by its start
@@ -1187,26 +1193,52 @@ RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "p
           "resolves", "settings")
 
 
-def starting_element(ctx: AlignContext) -> GroupElement:
-    """B's element the latents start from: weight matching, or activation matching on one training
-    batch (`Settings.start`)."""
+@dataclass(frozen=True)
+class Start:
+    """Where the latents start: B's element, A's (a dual run started from a dual run's file; None: the
+    identity), and the element file's summary for the record (None: an aligner computed the start)."""
+
+    g_b: GroupElement
+    g_a: GroupElement | None = None
+    file: dict | None = None
+
+    def one_sided(self, arch: Arch) -> GroupElement:
+        """The start of a one-sided run: the relative element g_A^{-1} g_B, the same path."""
+        return relative(arch, self.g_a, self.g_b)
+
+
+def starting_point(ctx: AlignContext) -> Start:
+    """The element(s) the latents start from (`Settings.start`): weight matching, activation matching on one
+    training batch, or an element file an earlier run saved (engine.align.start), checked against the pair's
+    shape, classes and coordinates (the rewrite prepare_pair made)."""
     start = (ctx.learned or Settings()).start
+    if is_file_start(start):
+        ef = read_element(start, ctx.pair.arch, ctx.classes)
+        if (ef.meta.get("rewrite") or "") != (ctx.pair.rewrite or ""):
+            raise LMCError(f"--start {start} was aligned with the models rewritten as "
+                           f"{ef.meta.get('rewrite') or 'they are'}, this run as {ctx.pair.rewrite or 'they are'}; "
+                           "run with the classes it was aligned with.")
+        return Start(ef.g_b, ef.g_a, ef.summary(start))
     progress = relabel(ctx.progress, f"{start} matching, starting point: ")
     if start == "activation":
         x, _ = next(train_batches(ctx.pair.arch, ACT_BATCH[ctx.pair.arch.task], ctx.seed))
-        return activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure, progress, ctx.cancel)[0]
-    return weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=progress, cancel=ctx.cancel)[0]
+        return Start(activation_match(ctx.pair, ctx.classes, x, ctx.qk_structure, progress, ctx.cancel)[0])
+    return Start(weight_match(ctx.pair, ctx.classes, ctx.qk_structure, progress=progress, cancel=ctx.cancel)[0])
 
 
 def align_learned(ctx: AlignContext) -> AlignOutput:
     """One-sided learned matching from its start (registry entry `learned`)."""
     t = tick()
-    g0 = starting_element(ctx)
+    s = starting_point(ctx)
     t_init = t()
-    res = optimise(ctx, g0, dual=False, steps=ctx.steps or TASK_STEPS[ctx.pair.arch.task],
-                   time_budget_s=ctx.time_budget_s)
+    res = optimise(ctx, s.one_sided(ctx.pair.arch), dual=False, steps=ctx.steps or TASK_STEPS[ctx.pair.arch.task],
+                   time_budget_s=ctx.time_budget_s, start_file=s.file)
     info = {k: res[k] for k in RECORD}
-    return AlignOutput(res["g_b"], info | {"seconds": t(), "init_seconds": t_init})
+    return AlignOutput(res["g_b"], info | {"seconds": t(), "init_seconds": t_init} | start_record(s))
+
+
+def start_record(s: Start) -> dict:
+    return {"start_element": s.file} if s.file is not None else {}
 
 
 # ---------------------------------------------------------------------------------------------

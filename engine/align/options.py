@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.align.learned import LAMBDAS, STARTS, Settings
+from engine.align.start import SUFFIX
 from engine.align.weight import HEAD_COSTS, MLP_SCORES, WeightSettings
 from engine.options import Options, option
 from engine.results import MAX_STEPS
@@ -38,9 +39,10 @@ class LearnedOptions(Options):
         "Partners per MLP neuron its permutation latent chooses among; 1 keeps the starting element's MLP "
         "permutation and learns the other classes only.", most=4096)
     start: str | None = option(
-        "choice", "--start", "start",
-        "The element the latents start from: weight matching (the default) or activation matching on one "
-        "training batch.", choices=STARTS)
+        "choice_or_file", "--start", "start",
+        "The element the latents start from: weight matching (the default), activation matching on one "
+        "training batch, or an element file an earlier run wrote with --save-element (its run goes on from "
+        "there with a schedule of its own).", choices=STARTS, suffix=SUFFIX)
     batch: int | None = option(
         "count", "--batch", "batch (sequences or images)",
         "Training sequences (LM) or images (ViT) per step, 16 by default; a step's time grows with its batch.",

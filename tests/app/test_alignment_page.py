@@ -224,6 +224,13 @@ def test_the_optimisation_says_where_its_comparison_came_from_and_when_it_resume
     said = captions(page("dual", live_runs={PAIR: {"dual": live}}))
     assert "The dashed one-sided run is the stored learned record's" in said
     assert "resumed from its saved state at steps 40, 1,200;" in said
+    assert "Started from" not in said
+    d["start_element"] = {"file": "d1600.safetensors", "sha256": "0" * 64, "method": "dual", "model_a": PAIR[0],
+                          "model_b": PAIR[1], "steps": 1600, "barrier": 0.1234}
+    said = captions(page("dual", live_runs={PAIR: {"dual": live}}))
+    assert ("Started from d1600.safetensors, the element a dual run of 1,600 steps saved (barrier 0.1234 "
+            "nats/byte), not from weight matching") in said
+    del d["start_element"]
     # a run given a time budget spent it on dual matching: no comparison, and the page says why
     del d["one_sided_same_budget"]
     d["one_sided_skipped"] = "the 900 s time budget went to the dual optimisation"

@@ -265,6 +265,24 @@ def _readonly_dir(c: Ctx) -> str:
     return str(d / "r.json")
 
 
+def _element(c: Ctx, model: str = "m0", classes: tuple[str, ...] = ("heads", "mlp", "qk", "residual_orth", "vo"),
+             name: str = "e.safetensors") -> str:
+    """An element file of the identity for `model`'s architecture, as `align --save-element` writes one."""
+    from engine.align.start import save_element
+    from engine.symmetry import identity
+
+    arch = load_model(getattr(c.base, {"m0": "a"}.get(model, model))).arch
+    f = c.work / name
+    save_element(f, arch, identity(arch), None, {"method": "weight", "classes": list(classes), "rewrite": ""})
+    return str(f)
+
+
+def _weights_named_as_element(c: Ctx) -> str:
+    f = c.work / "weights.safetensors"
+    shutil.copy(c.base.a / "model.safetensors", f)
+    return str(f)
+
+
 # ---------------------------------------------------------------------------------------------
 # The cases: id -> (argv from the context, a phrase the error must contain)
 
@@ -414,6 +432,28 @@ CASES: dict[str, Case] = {
     "mismatched-architectures": (lambda c: [I, c.a, str(c.base.nope), "--points", "2"], "pe is 'rope' vs 'none'"),
     "symmetry-config-junk": (lambda c: ["symmetry", c.model(edit=_setitem("n_heads", "x")), "--dims-only"],
                              "n_heads"),
+    # element files (engine.align.start)
+    "start-missing": (lambda c: [A, c.a, c.b, "--method", "dual", "--start", "none.safetensors"], "does not exist"),
+    "start-not-safetensors": (lambda c: [A, c.a, c.b, "--method", "learned", "--start", c.file("x.safetensors")],
+                              "not a safetensors file"),
+    "start-model-weights": (lambda c: [A, c.a, c.b, "--method", "learned", "--start", _weights_named_as_element(c)],
+                            "not an element file"),
+    "start-other-arch": (lambda c: [A, c.a, c.b, "--method", "dual", "--start", _element(c, "nope")],
+                         "pe 'none', not 'rope'"),
+    "start-classes-left-out": (lambda c: [A, c.a, c.b, "--method", "learned", "--classes", "heads", "mlp", "--start",
+                                          _element(c)], "moves qk, residual_orth, vo"),
+    "start-for-weight": (lambda c: [A, c.a, c.b, "--method", "weight", "--start", _element(c)],
+                         "does not use it"),
+    "start-a-word": (lambda c: [A, c.a, c.b, "--method", "learned", "--start", "best"], "safetensors file"),
+    "save-element-naive": (lambda c: [A, c.a, c.b, "--method", "naive", "--save-element", "e.safetensors"],
+                           "no element"),
+    "save-element-suffix": (lambda c: [A, c.a, c.b, "--save-element", "e.bin"], "*.safetensors"),
+    "save-element-over-a-model": (lambda c: [A, c.a, c.b, "--save-element", _weights_named_as_element(c)],
+                                  "not an element file of this tool"),
+    "save-element-is-out": (lambda c: [A, c.a, c.b, "--save-element", "x.safetensors", "--out", "x.safetensors"],
+                            "also the --out file"),
+    "save-element-into-input": (lambda c: [A, c.a, c.b, "--save-element", f"{c.b}/e.safetensors"],
+                                "input model directory"),
 }
 
 
