@@ -1214,10 +1214,12 @@ def starting_point(ctx: AlignContext) -> Start:
     start = (ctx.learned or Settings()).start
     if is_file_start(start):
         ef = read_element(start, ctx.pair.arch, ctx.classes)
-        if (ef.meta.get("rewrite") or "") != (ctx.pair.rewrite or ""):
-            raise LMCError(f"--start {start} was aligned with the models rewritten as "
-                           f"{ef.meta.get('rewrite') or 'they are'}, this run as {ctx.pair.rewrite or 'they are'}; "
-                           "run with the classes it was aligned with.")
+        was, now = ef.meta.get("rewrite") or "", ctx.pair.rewrite or ""
+        if was != now:  # the coordinates an element acts in (prepare_pair): its maps mean nothing in others
+            said = {"": "as they are", "fold_norms": "with their norm gains folded",
+                    "layernorm_to_rmsnorm": "with LayerNorm rewritten as RMSNorm"}
+            raise LMCError(f"--start {start} was aligned on the models {said.get(was, was)}, this run's classes "
+                           f"align them {said.get(now, now)}; run with the classes it was aligned with.")
         return Start(ef.g_b, ef.g_a, ef.summary(start))
     progress = relabel(ctx.progress, f"{start} matching, starting point: ")
     if start == "activation":

@@ -442,6 +442,8 @@ CASES: dict[str, Case] = {
                          "pe 'none', not 'rope'"),
     "start-classes-left-out": (lambda c: [A, c.a, c.b, "--method", "learned", "--classes", "heads", "mlp", "--start",
                                           _element(c)], "moves qk, residual_orth, vo"),
+    "start-other-coordinates": (lambda c: [A, c.a, c.b, "--method", "learned", "--steps", "1", "--start",
+                                           _element(c, classes=("heads", "mlp"))], "align them with their norm gains folded"),
     "start-for-weight": (lambda c: [A, c.a, c.b, "--method", "weight", "--start", _element(c)],
                          "does not use it"),
     "start-a-word": (lambda c: [A, c.a, c.b, "--method", "learned", "--start", "best"], "safetensors file"),
