@@ -38,7 +38,9 @@ VERSION = 1
 ELEMENT_KEY = "lmc_explorer_element"  # the safetensors metadata entry that marks an element file
 SUFFIX = ".safetensors"
 MAX_ELEMENT_BYTES = 2 << 30  # a 70B Llama's element is about 1.3 GB in float64
-SHAPE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "pe")  # what an element's shape depends on
+# what an element's shape and group depend on (RoPE's commutant: its dims and layout; QK-norm; the MLP's scalings)
+SHAPE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "pe", "rotary_dim", "rope_layout",
+         "qk_norm", "mlp")
 PARTS = ("head_perm", "qk", "vo", "mlp_perm", "mlp_scale", "kv_perm")
 
 
