@@ -34,6 +34,10 @@ class LearnedOptions(Options):
     lr_perm: float | None = option(
         "rate", "--lr-perm", "permutation step size",
         "Peak Adam step size of the permutation latents.")
+    lr_map: float | None = option(
+        "rate", "--lr-map", "map step size",
+        "Peak Adam step size of the continuous latents (the Q/K and V/O maps, the residual rotation, the MLP "
+        "scales); 0.01 by default.")
     candidates: int | None = option(
         "count", "--candidates", "MLP candidates",
         "Partners per MLP neuron its permutation latent chooses among; 1 keeps the starting element's MLP "

@@ -53,7 +53,8 @@ def test_each_method_declares_its_options_type():
     assert {m: e.options for m, e in METHODS.items()} == {
         "naive": Options, "weight": WeightOptions, "activation": Options, "learned": LearnedOptions,
         "dual": LearnedOptions}
-    assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "candidates", "start", "batch"]
+    assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "lr_map", "candidates",
+                                            "start", "batch"]
     assert LearnedOptions.specs()["patience"].flag == "--patience"
 
 
@@ -61,6 +62,7 @@ def test_options_turn_into_the_settings_their_aligner_reads():
     assert LearnedOptions().align_kwargs() == {} and WeightOptions().align_kwargs() == {}
     assert LearnedOptions(time_budget_s=30, lr_perm=0.1).align_kwargs() == {
         "time_budget_s": 30.0, "learned": Settings(lr_perm=0.1)}
+    assert LearnedOptions(lr_map=0.0025).align_kwargs() == {"learned": Settings(lr_map=0.0025)}
     assert WeightOptions(head_cost="normalised", block_scale=True, stop_tol=1e-5).align_kwargs() == {
         "weight": WeightSettings(head_cost="normalised", block_scale=True, stop_tol=1e-5)}
     assert WeightOptions.from_pairs((("block_scale", "True"), ("mlp_score", "normalised"))) == WeightOptions(
