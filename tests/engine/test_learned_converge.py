@@ -380,12 +380,14 @@ def test_cli_flags_reach_the_record(tmp_path, capsys):
 def test_the_start_is_that_aligner_s_element(start):
     from engine.align.activation import ACT_BATCH, activation_match
     from engine.align.batches import train_batches
-    from engine.align.learned import starting_element
+    from engine.align.learned import starting_point
     from engine.align.weight import weight_match
 
     pair, kinds = rope_pair()
     ctx = AlignContext(pair, kinds, seed=3, learned=Settings(start=start))
-    got = starting_element(ctx)
+    s = starting_point(ctx)
+    assert s.g_a is None and s.file is None  # an aligner's start: A at the identity, no file to name
+    got = s.g_b
     if start == "weight":
         want = weight_match(pair, kinds)[0]
     else:
