@@ -96,3 +96,35 @@ def test_the_cli_saves_an_element_and_a_later_run_goes_on_from_it(tmp_path, monk
     rel = relative(arch, e2.g_a, e2.g_b)
     assert r2["alignment"]["element"]["layers"][0]["mlp_perm"] == rel.layers[0].mlp_perm.tolist()
     assert r2["alignment"]["element_a"]["layers"][0]["head_perm"] == e2.g_a.layers[0].head_perm.tolist()
+
+
+def test_a_saved_state_resumes_only_the_run_of_the_same_start_file(tmp_path):
+    from engine.align.resume import Checkpoint
+
+    pair, kinds = rope_pair()
+    files = []
+    for seed in (5, 6):  # two different starts of the same shape
+        f = tmp_path / f"e{seed}.safetensors"
+        save_element(f, pair.arch, sample(pair.arch, kinds - {"heads", "mlp"}, seed=seed), None,
+                     {"classes": sorted(kinds), "rewrite": pair.rewrite})
+        files.append(f)
+
+    def run(f, on_check=None):
+        ctx = AlignContext(pair, kinds, steps=6, learned=Settings(start=str(f)),
+                           checkpoint=Checkpoint(tmp_path / "state", run="r1"))
+        s = starting_point(ctx)
+        return optimise(ctx, s.g_b, dual=False, steps=6, settings=ST, start_file=s.file, on_check=on_check)
+
+    class Killed(Exception):
+        pass
+
+    def kill_at_4(step, *_):
+        if step == 4:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run(files[0], kill_at_4)
+    assert run(files[1])["resumed_at"] == []  # another start: its own run from step 0
+    with pytest.raises(Killed):
+        run(files[0], kill_at_4)
+    assert run(files[0])["resumed_at"] == [2]  # the same start: resumed at its last check
