@@ -437,13 +437,13 @@ def _print_alignment(rec: dict, args, alpha: float) -> None:
     if args.save_merged:
         print(f"saved merged model (alpha {alpha}) to {args.save_merged}")
         print(f"merged model format: {rec['merged']['format']}")
-    if args.save_element:
-        print(f"saved the element to {args.save_element}; `--start {args.save_element}` goes on from it")
     start = al["diagnostics"].get("start_element")
     if start:
         barrier = start.get("barrier")
-        print(f"started from {start['file']} ({start.get('method') or 'an alignment'}, {start.get('steps') or 0} steps"
-              + (f", barrier {barrier:.4f})" if isinstance(barrier, (int, float)) else ")"))
+        print(f"started from {start['file']} ({start.get('method') or 'an alignment'}, {start.get('steps') or 0:,} "
+              "steps" + (f", barrier {barrier:.4f})" if isinstance(barrier, (int, float)) else ")"))
+    if args.save_element:
+        print(f"saved the element to {args.save_element}; `--start {args.save_element}` goes on from it")
 
 
 def cmd_widen(args) -> None:
