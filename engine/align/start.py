@@ -145,7 +145,7 @@ def check_start(file: str | Path, arch: Arch, classes: frozenset[str], label: st
     run uses too. Returns its metadata."""
     head = read_header(file, label)
     want, got = arch_shape(arch), head["arch"]
-    diff = [k for k in SHAPE if got.get(k) != want[k]]
+    diff = [k for k in SHAPE if k in got and got[k] != want[k]]  # what the file records (the exactness guard checks the rest)
     if diff:
         k = diff[0]
         raise LMCError(f"{label} {file} holds an element of a model with {k} {got.get(k)!r}, not {want[k]!r} as "
