@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from engine.align.resume import element_tensors
 from engine.errors import LMCError, SpecError
 from engine.models.base import Arch
 from engine.models.io import check_output_file, write_file_atomic
@@ -41,7 +42,6 @@ MAX_ELEMENT_BYTES = 2 << 30  # a 70B Llama's element is about 1.3 GB in float64
 # what an element's shape and group depend on (RoPE's commutant: its dims and layout; QK-norm; the MLP's scalings)
 SHAPE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "pe", "rotary_dim", "rope_layout",
          "qk_norm", "mlp")
-PARTS = ("head_perm", "qk", "vo", "mlp_perm", "mlp_scale", "kv_perm")
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,9 @@ def arch_shape(arch: Arch) -> dict:
 
 
 def _tensors(g: GroupElement, prefix: str) -> dict[str, Tensor]:
-    out = {f"{prefix}residual": g.residual.to(torch.float64)}
-    for i, el in enumerate(g.layers):
-        for name in PARTS:
-            t = getattr(el, name)
-            out[f"{prefix}{i}.{name}"] = t.to(torch.float64) if t.is_floating_point() else t.to(torch.int64)
-    return {k: v.detach().cpu().contiguous() for k, v in out.items()}
+    """The element's tensors as the resumable state names them, maps in float64 and indices in int64."""
+    return {k: v.detach().to("cpu", torch.float64 if v.is_floating_point() else torch.int64).contiguous()
+            for k, v in element_tensors(g, prefix).items()}
 
 
 def save_element(file: str | Path, arch: Arch, g_b: GroupElement, g_a: GroupElement | None, meta: dict) -> Path:
