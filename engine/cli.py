@@ -252,10 +252,15 @@ def cmd_train(args) -> None:
 
     from engine.models.io import check_output_dir
     from engine.train import LM_TRAIN, VIT_TRAIN, lm_config, train, vit_config
+    from engine.zoo import MEDIUM
 
+    if args.tier == "medium" and args.task != "lm":
+        raise LMCError("--tier medium is an LM shape (6 layers, D 256, MLP 1024); a ViT trains at the zoo's own shape.")
     _not_a_zoo_name(args.out, "--out")
     check_output_dir(args.out, args.overwrite, name="--out directory")
     cfg = lm_config(args.pe) if args.task == "lm" else vit_config(args.pe)
+    if args.tier == "medium":
+        cfg = replace(cfg, **MEDIUM)
     tc = LM_TRAIN if args.task == "lm" else VIT_TRAIN
     if args.steps is not None:
         tc = replace(tc, steps=args.steps, eval_every=max(1, min(tc.eval_every, args.steps)))
@@ -855,6 +860,8 @@ def parser() -> argparse.ArgumentParser:
                         "corpus, as Tiny Shakespeare studies train); default: the whole split")
     p.add_argument("--dropout", type=_fraction("dropout rate"), default=0.0,
                    help="residual dropout on every attention and MLP output while training (default 0, the zoo's recipe)")
+    p.add_argument("--tier", choices=["small", "medium"], default="small",
+                   help="LM shape: the small tier's (4 layers, D 128) or the medium tier's (6 layers, D 256, MLP 1024)")
     p.add_argument("--out", type=_path, required=True, help="directory for the checkpoint (new, empty, or written by this tool)")
     p.add_argument("--overwrite", action="store_true",
                    help="write into a non-empty directory the tool did not create (only the checkpoint's files are replaced)")

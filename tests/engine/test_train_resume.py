@@ -121,3 +121,22 @@ def test_residual_dropout_acts_in_training_only_and_leaves_no_hook_on_the_kept_m
         h.remove()
     with pytest.raises(LMCError, match="dropout rate must be a fraction"):
         train(LM, 3, replace(short, dropout=1.0), progress=False)
+
+
+@pytest.mark.parametrize(("tier", "shape"), [("small", (4, 128, 512)), ("medium", (6, 256, 1024))])
+def test_train_cli_tier_picks_the_lm_shape(tmp_path, monkeypatch, capsys, tier, shape):
+    from engine import cli
+
+    seen = {}
+
+    def fake_train(cfg, seed, tc, out=None, **kw):
+        seen.update(cfg=cfg, tc=tc)
+        return None, {"test_loss": 1.0, "test_accuracy": None, "steps": tc.steps, "train_seconds": 0.0}
+
+    monkeypatch.setattr("engine.train.train", fake_train)
+    cli.main(["train", "--task", "lm", "--pe", "learned", "--tier", tier, "--dropout", "0.2", "--steps", "5",
+              "--out", str(tmp_path / "m")])
+    cfg = seen["cfg"]
+    assert (cfg.n_layers, cfg.d_model, cfg.d_mlp) == shape and cfg.n_heads == 4
+    assert seen["tc"].dropout == 0.2 and seen["tc"].steps == 5
+    assert "saved" in capsys.readouterr().out
