@@ -25,7 +25,7 @@ from engine.align.context import AlignContext, AlignOutput
 from engine.align.dual import align_dual
 from engine.align.learned import DEFAULT_STEPS, TASK_STEPS, align_learned
 from engine.align.naive import align_naive
-from engine.align.options import LearnedOptions, WeightOptions
+from engine.align.options import DualOptions, LearnedOptions, WeightOptions
 from engine.align.weight import align_weights
 from engine.classes import CLASSES
 from engine.errors import LMCError
@@ -64,7 +64,7 @@ METHODS: dict[str, Method] = {m.name: m for m in [
            "estimator", align_learned, True, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes,
            options=LearnedOptions),
     Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
-           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes, options=LearnedOptions),
+           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes, options=DualOptions),
 ]}
 
 

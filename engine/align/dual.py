@@ -110,9 +110,11 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     info["identity"] = dual_identity(ctx.pair, g_a, g_b)
     info["seconds"], info["init_seconds"] = t(), t_init
     info |= start_record(s)
-    if ctx.compare_one_sided and not compare:
-        info["one_sided_skipped"] = (f"the {ctx.time_budget_s:g} s time budget went to the dual optimisation; "
-                                     f"`--method learned --steps {res['steps_done']}` runs the one-sided one for as many steps")
+    if not compare:
+        why = (f"the {ctx.time_budget_s:g} s time budget went to the dual optimisation" if ctx.compare_one_sided
+               else "the run skipped it (--skip-comparison)")
+        info["one_sided_skipped"] = (f"{why}; `--method learned --steps {res['steps_done']}` runs the one-sided one "
+                                     "for as many steps")
     if compare:  # the steps the dual run did, without a clock: the same budget
         done = res["steps_done"]
         taken = ctx.one_sided is not None and ctx.one_sided["steps"] == done

@@ -59,6 +59,20 @@ class LearnedOptions(Options):
 
 
 @dataclass(frozen=True)
+class DualOptions(LearnedOptions):
+    """Dual matching: learned matching's options, and whether to skip its one-sided comparison."""
+
+    skip_comparison: bool | None = option(
+        "flag", "--skip-comparison", "skip the one-sided comparison",
+        "Run the dual optimisation alone: without the one-sided learned run of as many steps on the same data that "
+        "a step-budget run adds for comparison (it doubles the cost); the record says it was skipped.")
+
+    def align_kwargs(self) -> dict:
+        kw = LearnedOptions(**{k: v for k, v in self.given().items() if k != "skip_comparison"}).align_kwargs()
+        return kw | ({"compare_one_sided": False} if self.skip_comparison else {})
+
+
+@dataclass(frozen=True)
 class WeightOptions(Options):
     """Weight matching: how it scores its per-layer problems and weighs the residual fit (WeightSettings)."""
 

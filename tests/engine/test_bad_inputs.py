@@ -320,6 +320,7 @@ CASES: dict[str, Case] = {
                                                "--save-merged", "out", "--alpha", "100", "--extrapolate"], "overflow"),
     "alpha-without-save": (lambda c: [A, c.a, c.b, "--alpha", "0.3"], "add --save-merged"),
     "extrapolate-without-save": (lambda c: [A, c.a, c.b, "--extrapolate"], "add --save-merged"),
+    "skip-comparison-learned": (lambda c: [A, c.a, c.b, "--method", "learned", "--skip-comparison"], "--skip-comparison"),
     "method-unknown": (lambda c: [A, c.a, c.b, "--method", "magic"], "invalid choice: 'magic'"),
     "classes-unknown": (lambda c: [A, c.a, c.b, "--classes", "bogus"], "invalid choice: 'bogus'"),
     "seed-negative": (lambda c: [A, c.a, c.b, "--seed", "-1"], "--seed"),

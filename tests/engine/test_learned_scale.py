@@ -12,6 +12,7 @@ from engine.align import dual, learned
 from engine.align.context import AlignContext
 from engine.align.dual import dual_identity
 from engine.align.learned import align_learned, still_optimal
+from engine.align.options import DualOptions
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import assignment, perm_matrix
 from engine.align.weight import weight_match
@@ -83,6 +84,12 @@ def test_a_time_budget_is_the_whole_dual_run_and_the_record_says_the_comparison_
     info = dual.align_dual(AlignContext(pair, kinds, steps=3)).info  # a step budget: the comparison runs
     assert ran == ["dual", "one-sided"] and info["one_sided_same_budget"]["steps"] == 3
     assert "one_sided_skipped" not in info
+    ran.clear()
+    kw = DualOptions(skip_comparison=True, batch=4).align_kwargs()  # --skip-comparison: the dual run alone
+    assert kw["compare_one_sided"] is False and kw["learned"].batch == 4
+    info = dual.align_dual(AlignContext(pair, kinds, steps=3, compare_one_sided=False)).info
+    assert ran == ["dual"] and "one_sided_same_budget" not in info
+    assert info["one_sided_skipped"].startswith("the run skipped it (--skip-comparison)")
 
 
 def test_memory_record_counts_latents_and_adam_state_in_the_model_dtype():

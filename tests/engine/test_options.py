@@ -10,7 +10,7 @@ import pytest
 
 from engine.align import METHODS, method_options
 from engine.align.learned import Settings
-from engine.align.options import LearnedOptions, WeightOptions
+from engine.align.options import DualOptions, LearnedOptions, WeightOptions
 from engine.align.weight import WeightSettings
 from engine.errors import LMCError
 from engine.options import Options
@@ -52,9 +52,10 @@ def test_options_record_as_text_pairs_in_declaration_order_and_hash_as_before():
 def test_each_method_declares_its_options_type():
     assert {m: e.options for m, e in METHODS.items()} == {
         "naive": Options, "weight": WeightOptions, "activation": Options, "learned": LearnedOptions,
-        "dual": LearnedOptions}
+        "dual": DualOptions}
     assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "lr_map", "candidates",
                                             "start", "batch"]
+    assert list(DualOptions.specs()) == [*LearnedOptions.specs(), "skip_comparison"]
     assert LearnedOptions.specs()["patience"].flag == "--patience"
 
 
