@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,13 +31,14 @@ from torch import Tensor
 from engine.align.resume import element_tensors
 from engine.errors import LMCError, SpecError
 from engine.models.base import Arch
-from engine.models.io import check_output_file, write_file_atomic
+from engine.models.io import check_output_file, regular_file, write_file_atomic
 from engine.symmetry import GroupElement, LayerElement
 
 VERSION = 1
 ELEMENT_KEY = "lmc_explorer_element"  # the safetensors metadata entry that marks an element file
 SUFFIX = ".safetensors"
 MAX_ELEMENT_BYTES = 2 << 30  # a 70B Llama's element is about 1.3 GB in float64
+KIND = "an element file"
 # what an element's shape and group depend on (RoPE's commutant: its dims and layout; QK-norm; the MLP's scalings)
 SHAPE = ("n_layers", "d_model", "n_heads", "n_kv_heads", "d_head", "d_mlp", "pe", "rotary_dim", "rope_layout",
          "qk_norm", "mlp")
@@ -82,21 +82,6 @@ def save_element(file: str | Path, arch: Arch, g_b: GroupElement, g_a: GroupElem
                                                                metadata={ELEMENT_KEY: json.dumps(head)}))
 
 
-def _regular(file: Path, label: str) -> os.stat_result:
-    if not os.path.lexists(file):
-        raise LMCError(f"{label} does not exist.")
-    try:
-        st = file.stat()
-    except OSError as e:
-        raise LMCError(f"{label} cannot be read ({e.strerror or e}).") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise LMCError(f"{label} is {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}.")
-    if st.st_size > MAX_ELEMENT_BYTES:
-        raise LMCError(f"{label} is {st.st_size:,} bytes, too large for an element file (at most "
-                       f"{MAX_ELEMENT_BYTES:,}).")
-    return st
-
-
 def _header(file: Path, label: str) -> dict | None:
     """The element metadata of a safetensors file, None for a safetensors file without it; refuses a file that
     is not safetensors."""
@@ -119,7 +104,7 @@ def _header(file: Path, label: str) -> dict | None:
 def is_element_file(file: str | Path) -> bool:
     """Whether `file` is an element file this tool wrote (so that --save-element may replace it)."""
     try:
-        _regular(Path(file), str(file))
+        regular_file(Path(file), str(file), MAX_ELEMENT_BYTES, KIND)
         return _header(Path(file), str(file)) is not None
     except LMCError:
         return False
@@ -129,7 +114,7 @@ def read_header(file: str | Path, label: str = "--start") -> dict:
     """An element file's metadata, refused in one sentence unless it is one."""
     file = Path(file)
     label = f"{label} {file}"
-    _regular(file, label)
+    regular_file(file, label, MAX_ELEMENT_BYTES, KIND)
     head = _header(file, label)
     if head is None:
         raise LMCError(f"{label} is a safetensors file but not an element file (write one with `align "

@@ -73,6 +73,25 @@ def _short(v, n: int = 60) -> str:
 # Reading configs
 
 
+def regular_file(f: Path, name: str, max_bytes: int | None, kind: str) -> os.stat_result:
+    """The stat of `f`, refused in one sentence naming it (`name`) unless it is, or links to, a regular file of
+    at most `max_bytes` (`kind`: what the file is meant to be, as the refusal says)."""
+    if not os.path.lexists(f):
+        raise ModelError(f"{name} does not exist.")
+    try:
+        st = f.stat()
+    except FileNotFoundError:
+        raise ModelError(f"{name} is a symbolic link to {os.readlink(f)}, which does not exist.") from None
+    except OSError as e:
+        raise ModelError(f"{name} cannot be read ({e.strerror or e}).") from None
+    if not stat.S_ISREG(st.st_mode):
+        found = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise ModelError(f"{name} is {found}.")
+    if max_bytes is not None and st.st_size > max_bytes:
+        raise ModelError(f"{name} is {st.st_size:,} bytes, too large for {kind} (at most {max_bytes:,}).")
+    return st
+
+
 def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = MAX_JSON_BYTES,
                      allow_nan: bool = False, kind: str = "a JSON config") -> dict:
     """A JSON file holding an object, with one clear sentence for every way it can be unusable.
@@ -85,19 +104,7 @@ def read_json_object(f: Path, what: str | None = None, max_bytes: int | None = M
     """
     f = Path(f)
     name = what or str(f)
-    if not os.path.lexists(f):
-        raise ModelError(f"{name} does not exist.")
-    try:
-        st = f.stat()
-    except FileNotFoundError:
-        raise ModelError(f"{name} is a symbolic link to {os.readlink(f)}, which does not exist.") from None
-    except OSError as e:
-        raise ModelError(f"{name} cannot be read ({e.strerror}).") from None
-    if not stat.S_ISREG(st.st_mode):
-        found = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise ModelError(f"{name} is {found}.")
-    if max_bytes is not None and st.st_size > max_bytes:
-        raise ModelError(f"{name} is {st.st_size:,} bytes, too large for {kind} (at most {max_bytes:,}).")
+    regular_file(f, name, max_bytes, kind)
     try:
         text = f.read_bytes().decode("utf-8")
         obj = json.loads(text) if allow_nan else json.loads(text, parse_constant=_no_constant)
