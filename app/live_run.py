@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine import api
 from engine.api import PHASES, Cancelled, CancelToken, LMCError, RunConfig, Update
@@ -40,11 +41,12 @@ KEY = "live_run"  # where the session keeps its run
 
 log = logging.getLogger(__name__)
 
-Runner = Callable[..., dict]  # run_pair(cfg, progress, cancel=token) -> record
+Runner = Callable[..., dict]  # run_pair(cfg, progress, cancel=token[, save_element=file]) -> record
 
 
-def _run_pair(cfg: RunConfig, progress, cancel: CancelToken) -> dict:
-    return api.run_pair(cfg, progress, cancel=cancel)  # looked up per call: tests may stand in for it
+def _run_pair(cfg: RunConfig, progress, cancel: CancelToken, save_element: Path | None = None) -> dict:
+    return api.run_pair(cfg, progress, cancel=cancel, save_element=save_element)  # looked up per call: tests may
+    # stand in for it
 
 
 POINT = re.compile(r"lambda = [^:]+: loss (\S+?)(?:,|$)")  # engine.interpolate's tick message for one point
@@ -62,6 +64,7 @@ class Outcome:
     message: str = ""  # why it stopped or failed
     timings: dict[str, float] = field(default_factory=dict)  # seconds of every phase begun
     partial: dict | None = None  # {"lambdas", "loss"}: the points of the path measured before it ended
+    run_id: str | None = None  # drawn before the run when it keeps its element (history.element_path)
 
 
 def arch_dict(cfg: RunConfig) -> dict | None:
@@ -76,7 +79,13 @@ def keep_in_history(out: Outcome) -> None:
     """Keep a run in the user's run history, across sessions: its record (engine.api.save_run), or what a
     stopped or failed run reached (engine.api.save_unfinished)."""
     if out.record is not None:
-        api.save_run(out.record, seconds=out.seconds)
+        kept = out.record.get("element_file") is not None and out.run_id is not None
+        try:
+            api.save_run(out.record, seconds=out.seconds, run_id=out.run_id if kept else None)
+        except LMCError:
+            if kept:  # an element without its run would be read by nothing
+                api.element_path(out.run_id).unlink(missing_ok=True)
+            raise
     else:
         api.save_unfinished(out.cfg.to_dict(), out.state, out.phase, out.message, out.timings, out.seconds,
                             out.partial, arch_dict(out.cfg))
@@ -112,6 +121,7 @@ class LiveRun:
     alive: Callable[[], bool] | None = None  # is the owning session still connected?
     keep: Callable[[Outcome], None] | None = None  # where the run is kept when it ends (keep_in_history)
     clock: Callable[[], float] = time.monotonic
+    run_id: str | None = None  # the history id of a run that keeps its element there (element_for)
 
     def __post_init__(self) -> None:
         self.token = CancelToken()
@@ -180,12 +190,13 @@ class LiveRun:
             n = self.cfg.points - 1
             points = sorted(self._points.items())
         partial = {"lambdas": [i / n for i, _ in points], "loss": [v for _, v in points]} if points else None
-        return Outcome(self.cfg, state, seconds, record, phase, message, timings, partial)
+        return Outcome(self.cfg, state, seconds, record, phase, message, timings, partial, self.run_id)
 
     def _work(self) -> None:
         state, message, record = "failed", "", None
         try:
-            record = self.run(self.cfg, self._progress, cancel=self.token)
+            keep = {} if self.run_id is None else {"save_element": api.element_path(self.run_id)}
+            record = self.run(self.cfg, self._progress, cancel=self.token, **keep)
             state = "done"
         except Cancelled as e:
             state, message = "stopped", str(e)
@@ -236,9 +247,24 @@ def start(state: MutableMapping, cfg: RunConfig, estimates: dict[str, float | No
     gives them); a run still going is stopped first (one run per session). When it ends, done,
     stopped or failed, `keep` keeps it (the user's run history)."""
     stop(state, "stopped because a new run started")
-    live = LiveRun(cfg, dict(estimates or {}), dict(sources or {}), run, alive=session_alive(), keep=keep)
+    live = LiveRun(cfg, dict(estimates or {}), dict(sources or {}), run, alive=session_alive(), keep=keep,
+                   run_id=element_run_id(cfg) if keep is keep_in_history else None)
     state[KEY] = live.start()
     return live
+
+
+def element_run_id(cfg: RunConfig) -> str | None:
+    """A learned or dual run keeps the element it finds in the run history, named after an id drawn now
+    (a later run may start from it: the Method options' start); None for other methods, or when the history
+    cannot be written (its own error says so when the run is kept)."""
+    if cfg.method not in ("learned", "dual"):
+        return None
+    run_id = api.new_run_id()
+    try:
+        api.element_path(run_id)
+    except LMCError:
+        return None
+    return run_id
 
 
 def stop(state: MutableMapping, reason: str = "stopped on request") -> bool:

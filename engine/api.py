@@ -61,6 +61,9 @@ from engine.evaluate import train_items  # noqa: F401
 from engine.history import (  # noqa: F401
     MAX_NOTE,
     delete_run,
+    element_path,
+    new_run_id,
+    run_element,
     run_file,
     runs_dir,
     save_run,

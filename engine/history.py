@@ -5,9 +5,11 @@ $LMC_EXPLORER_HOME/runs when that variable is set, else lmc-explorer/runs in the
 directory ($XDG_DATA_HOME, by default ~/.local/share, on Linux; ~/Library/Application Support on
 macOS; %LOCALAPPDATA% on Windows).
 
-One file per run, `run-<id>.json`, written atomically, with a "run" object: {"id", "status",
+One file per run, `run-<id>.json`, written atomically (a learned or dual run of the app also keeps the element
+it found beside it, `run-<id>.element.safetensors`, that a later run may start from: engine.align.start), with a "run" object: {"id", "status",
 "saved", and optionally "seconds" (the run's wall time) and "note" (the user's words about it)}. The
-id is the UTC time of saving and a random suffix (20261201T032634Z-a3f29c); "saved" is that time to
+id is the UTC time of saving (of starting, for a run that keeps an element) and a random suffix
+(20261201T032634Z-a3f29c); "saved" is that time to
 the microsecond, which orders the runs. Status is done, stopped or failed. A done run is a result
 record (engine.results: the same fields, the same validation) plus the run object. A stopped or
 failed run keeps what it reached: method, model_a, model_b, its config, the timings of the phases it
@@ -47,6 +49,7 @@ STATUSES = ("done", "stopped", "failed")
 MAX_NOTE = 2000  # characters of a run's note
 RUN_ID = re.compile(r"\d{8}T\d{6}Z-[0-9a-f]{6}")
 RUN_FILE = re.compile(rf"run-({RUN_ID.pattern})\.json")
+ELEMENT_FILE = re.compile(rf"run-({RUN_ID.pattern})\.element\.safetensors")  # read through its run
 ID_EXAMPLE = "20261201T032634Z-a3f29c"
 ID_DRAWS = 100  # ids drawn for one save before the history is deemed unwritable
 
@@ -92,6 +95,19 @@ def run_file(run_id: str, root: Path | str | None = None) -> Path:
         raise LMCError(f"{run_id!r} is not a run id (ids look like {ID_EXAMPLE}; `python -m engine runs list` "
                        "shows them).")
     return _root(root) / f"run-{run_id}.json"
+
+
+def element_path(run_id: str, root: Path | str | None = None) -> Path:
+    """Where run `run_id` keeps the element it found (a learned or dual run of the app), beside its run file."""
+    return run_file(run_id, root).with_name(f"run-{run_id}.element.safetensors")
+
+
+def run_element(entry: dict, root: Path | str | None = None) -> Path | None:
+    """The element file a finished run kept, or None: its record names the file beside it, which is still
+    there."""
+    f = element_path(entry["run"]["id"], root)
+    named = (entry.get("element_file") or {}).get("path")
+    return f if named is not None and Path(named) == f and f.is_file() and not f.is_symlink() else None
 
 
 def _number(v) -> bool:
@@ -145,19 +161,24 @@ def run_problem(entry, name: str) -> str | None:
     return problem
 
 
-def _write_new(entry: dict, status: str, root: Path | str | None, seconds: float | None, **run_fields) -> dict:
+def _write_new(entry: dict, status: str, root: Path | str | None, seconds: float | None, run_id: str | None = None,
+               **run_fields) -> dict:
     """`entry` under a new run id with `status` (its run object: id, status, saved, seconds and
     `run_fields`), written atomically into the history; returns it.
 
     The id's file name is claimed atomically with the write (write_json_atomic without replace), so two
     saves that draw one id (two tabs in one second, a suffix drawn twice) never overwrite each other:
-    the later one draws a new id."""
+    the later one draws a new id. A `run_id` drawn before the run (its element file is named after it) is
+    used as it is, and refused if taken."""
     if status not in STATUSES:
         raise LMCError(f"Run status must be one of {', '.join(STATUSES)}, not {status!r}.")
     root = _root(root)
-    for _ in range(ID_DRAWS):
+    given = run_id
+    if given is not None:
+        run_file(given, root)  # the form of an id
+    for _ in range(1 if given is not None else ID_DRAWS):
         now = time.time()
-        run_id = new_run_id(now)
+        run_id = given or new_run_id(now)
         saved = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
         run = {"id": run_id, "status": status, "saved": saved} | ({} if seconds is None else {"seconds": round(seconds, 3)})
         new = {**entry, "run": run | run_fields}
@@ -169,18 +190,21 @@ def _write_new(entry: dict, status: str, root: Path | str | None, seconds: float
         except FileExistsError:
             continue
         return new
+    if given is not None:
+        raise OutputError(f"Could not keep the run in the run history {root}: its id {given} is taken already.")
     raise OutputError(f"Could not keep the run in the run history {root}: {ID_DRAWS} run ids drawn in a row were "
                       "taken already.")
 
 
 def save_run(record: dict, status: str = "done", root: Path | str | None = None,
-             seconds: float | None = None) -> dict:
-    """Keep `record` (a result record) as a new run of the history, its wall time `seconds` if known;
-    returns what was written."""
+             seconds: float | None = None, run_id: str | None = None) -> dict:
+    """Keep `record` (a result record) as a new run of the history, its wall time `seconds` if known, under
+    `run_id` when the run drew one before it started (new_run_id: its element file, element_path, is named
+    after it); returns what was written."""
     problem = record_problem(record)
     if problem:
         raise LMCError(f"Cannot keep a broken record in the run history: {problem}")
-    return _write_new(record, status, root, seconds)
+    return _write_new(record, status, root, seconds, run_id)
 
 
 def save_unfinished(config: dict, status: str, phase: str | None, message: str, timings: dict[str, float],
@@ -226,7 +250,7 @@ def scan_runs(root: Path | str | None = None) -> tuple[list[dict], list[str]]:
         return [], []
     runs, problems = [], []
     for f in sorted(root.iterdir()):
-        if f.name.startswith("."):
+        if f.name.startswith(".") or ELEMENT_FILE.fullmatch(f.name):
             continue
         entry, why = _read(f)
         if entry is None:
@@ -283,12 +307,16 @@ def set_note(run_id: str, note: str, root: Path | str | None = None) -> dict:
 
 
 def delete_run(run_id: str, root: Path | str | None = None) -> Path:
-    """Delete one run the tool wrote; returns its file."""
+    """Delete one run the tool wrote, and the element file it kept; returns its run file."""
+    from engine.align.start import is_element_file
+
     f = own_file(run_id, root)
-    try:
-        f.unlink()
-    except OSError as e:
-        raise OutputError(f"Could not delete {f} ({e.strerror or e}).") from None
+    element = run_element(_read(f)[0], root)
+    for g in (f, element) if element is not None and is_element_file(element) else (f,):
+        try:
+            g.unlink()
+        except OSError as e:
+            raise OutputError(f"Could not delete {g} ({e.strerror or e}).") from None
     return f
 
 

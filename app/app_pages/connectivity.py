@@ -73,19 +73,22 @@ def points_picker() -> int:
              "them. The barrier is read on these points: fewer can miss the peak.")
 
 
-def options_picker(method: str) -> dict:
+def options_picker(method: str, files: dict[str, str] | None = None) -> dict:
     """The method's run options (engine.options), one widget each from its declaration, in a closed
-    expander; a widget left empty (or a box left clear) leaves its option to the method's default."""
+    expander; a widget left empty (or a box left clear) leaves its option to the method's default. A
+    choice that may also be a file offers `files` (path -> label) after its choices: the elements this pair's
+    earlier runs kept (element_starts)."""
     specs = api.option_specs(method)
     if not specs:
         return {}
-    values = {}
+    values, files = {}, files or {}
     with st.expander("Method options"):
         for name, spec in specs.items():
             key, label, help_ = f"option_{method}_{name}", spec.label[:1].upper() + spec.label[1:], spec.help
-            if spec.kind in ("choice", "choice_or_file"):  # the app starts from an aligner, not a file
-                values[name] = st.selectbox(label, [None, *spec.choices], key=key, help=help_,
-                                            format_func=lambda v: "default" if v is None else v)
+            if spec.kind in ("choice", "choice_or_file"):
+                extra = list(files) if spec.kind == "choice_or_file" else []
+                values[name] = st.selectbox(label, [None, *spec.choices, *extra], key=key, help=help_,
+                                            format_func=lambda v: "default" if v is None else files.get(v, v))
             elif spec.kind == "flag":
                 values[name] = st.checkbox(label, key=key, help=help_) or None
             elif spec.kind == "count":
@@ -104,6 +107,19 @@ def kept_runs(home: str, stamp: int) -> list[dict]:
         return [r for r in api.scan_runs(home)[0] if r["run"]["status"] == "done"]
     except api.LMCError:
         return []
+
+
+def element_starts(model_a: str, model_b: str) -> dict[str, str]:
+    """The elements the run history keeps for this pair (its learned and dual runs), newest first: file ->
+    what the start picker says of it."""
+    out = {}
+    for r in kept_runs(str(api.runs_dir()), api.runs_stamp()):
+        f = api.run_element(r) if (r["model_a"], r["model_b"]) == (model_a, model_b) else None
+        if f is not None:
+            steps = (r["alignment"].get("diagnostics") or {}).get("steps_done")
+            out[str(f)] = (f"run {r['run']['id']}: {r['method']}" + (f", {steps:,} steps" if steps else "")
+                           + f", barrier {r['barrier']:.3f}")
+    return out
 
 
 def references(live_runs: dict, cached: list[dict]) -> list[dict]:
@@ -333,7 +349,7 @@ with right, st.container(border=True):
     st.markdown("**Recompute live**")
     eval_items = eval_items_picker(sel)
     points = points_picker()
-    options = options_picker(sel.method)
+    options = options_picker(sel.method, element_starts(sel.model_a, sel.model_b))
     cfg = None
     if description:
         try:

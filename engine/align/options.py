@@ -45,8 +45,8 @@ class LearnedOptions(Options):
     start: str | None = option(
         "choice_or_file", "--start", "start",
         "The element the latents start from: weight matching (the default), activation matching on one "
-        "training batch, or an element file an earlier run wrote with --save-element (its run goes on from "
-        "there with a schedule of its own).", choices=STARTS, suffix=SUFFIX)
+        "training batch, or an element file an earlier run wrote with --save-element, or kept in the app's run "
+        "history (its run goes on from there with a schedule of its own).", choices=STARTS, suffix=SUFFIX)
     batch: int | None = option(
         "count", "--batch", "batch (sequences or images)",
         "Training sequences (LM) or images (ViT) per step, 16 by default; a step's time grows with its batch.",

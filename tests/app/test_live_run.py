@@ -29,7 +29,7 @@ STOP_S = 2.0  # a stopped run must end within this (one evaluation batch of the 
 def engine_until_stopped(ticks: list):
     """A stand-in run_pair: reports align ticks until its token is set, as the engine does."""
 
-    def run(cfg, progress, cancel):
+    def run(cfg, progress, cancel, **kw):  # kw: save_element, for learned and dual runs
         progress(Update("load", 2, 2, "model B", 0.1, 0.0))
         step = 0
         while True:

@@ -307,3 +307,55 @@ def test_the_worker_keeps_a_done_run_and_what_a_stopped_or_failed_one_reached():
     assert stopped_full.snapshot().message == (
         "The run was stopped on request during interpolation, point 2/5. It could not be kept in the run history: "
         "Could not write /x (No space left on device).")
+
+
+@pytest.mark.slow
+def test_a_dual_run_keeps_its_element_and_a_later_run_of_the_pair_starts_from_it(home):
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    at.selectbox(key="pair").select(f"{UNCACHED_PAIR[0]}__{UNCACHED_PAIR[1]}").run()
+    at.selectbox(key="method").select("dual").run()
+    at.select_slider(key="eval_items_lm").set_value(1024).run()
+    at.number_input(key="option_dual_time_budget_s").set_value(1.0).run()
+    at.button(key="run").click().run()
+    assert at.session_state["live_run"].join(TIMEOUT)
+    at.run()
+    assert not at.exception
+    (first,) = history.list_runs()
+    element = history.element_path(first["run"]["id"])
+    assert history.run_element(first) == element and first["element_file"]["path"] == str(element)
+    assert history.scan_runs()[1] == []  # the element file is read through its run, not skipped as foreign
+
+    start = at.selectbox(key="option_dual_start")  # the pair's kept elements follow the aligners
+    assert start.options[-1].startswith(f"run {first['run']['id']}: dual, ") and ", barrier " in start.options[-1]
+    start.select(str(element)).run()
+    at.button(key="run").click().run()
+    assert at.session_state["live_run"].join(TIMEOUT)
+    at.run()
+    assert not at.exception
+    second = history.list_runs()[0]
+    began = second["alignment"]["diagnostics"]["start_element"]
+    assert began["file"] == str(element) and began["sha256"] == first["element_file"]["sha256"]
+    assert history.run_element(second) not in (None, element)
+
+    history.delete_run(first["run"]["id"])  # a run goes with its element, and only its own
+    assert not element.exists() and history.run_element(history.list_runs()[0]) is not None
+    at.selectbox(key="method").select("naive").run()
+    at.selectbox(key="method").select("dual").run()
+    offered = at.selectbox(key="option_dual_start").options
+    assert not any(first["run"]["id"] in o for o in offered) and any(second["run"]["id"] in o for o in offered)
+
+
+def test_a_dual_run_that_cannot_be_kept_leaves_no_element_behind(home):
+    given = {}
+
+    def run(cfg, progress, cancel, save_element=None):  # writes its element, then returns a record the history refuses
+        given["file"] = save_element
+        save_element.parent.mkdir(parents=True, exist_ok=True)
+        save_element.write_bytes(b"element")
+        return {"method": "dual", "element_file": {"path": str(save_element)}}
+
+    r = live_run.start({}, RunConfig("a", "b", "dual"), run=run)
+    assert r.join(TIMEOUT) and given["file"] == history.element_path(r.run_id)
+    assert not given["file"].exists() and "could not be kept in the run history" in r.snapshot().message
+    assert live_run.element_run_id(RunConfig("a", "b", "weight")) is None  # weight matching keeps none
+    assert history.RUN_ID.fullmatch(live_run.element_run_id(RunConfig("a", "b", "learned")))
