@@ -658,6 +658,10 @@ def cmd_runs(args) -> None:
         print(f"run {run['id']}: {run['status']}, created {entry.get('created', '-')}, kept {run.get('saved', '-')}")
         if history.finished(entry):
             _print_path_table(entry)
+            element = history.run_element(entry)
+            if element is not None:
+                print(f"element kept: {element} (`align {entry['model_a']} {entry['model_b']} --method "
+                      f"{entry['method']} --start {element}` goes on from it)")
         else:  # stopped or failed before its record: where it was and why it ended
             print(f"{entry['method']}: {entry['model_a']} / {entry['model_b']}; {run['status']} during "
                   f"{run.get('phase') or 'its start'}: {run.get('message') or '-'}")

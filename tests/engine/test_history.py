@@ -367,3 +367,22 @@ def test_cli_shows_where_a_stopped_run_ended(recs, home, capsys):
     assert out[0].startswith(f"run {run_id}: stopped, created -, kept ")
     assert out[1] == (f"weight: {recs.lm['model_a']} / {recs.lm['model_b']}; stopped during interpolate: The run was "
                       "stopped on request during interpolation, point 3/5.")
+
+
+def test_a_run_keeps_its_element_under_an_id_drawn_before_it(recs, home, capsys, tmp_path):
+    cfg = RunConfig(recs.lm["model_a"], recs.lm["model_b"], "learned", steps=2, eval_items=64, points=3)
+    run_id = history.new_run_id()
+    element = history.element_path(run_id)
+    rec = run_pair(cfg, save_element=element, attribution=False, train_curve=False)
+    kept = history.save_run(rec, run_id=run_id)
+    assert kept["run"]["id"] == run_id and history.run_element(kept) == element
+    runs, skipped = history.scan_runs()
+    assert [r["run"]["id"] for r in runs] == [run_id] and skipped == []  # the element is its run's, not foreign
+    with pytest.raises(OutputError, match=f"its id {run_id} is taken already"):
+        history.save_run(rec, run_id=run_id)
+    assert main(["runs", "show", run_id]) == 0
+    assert f"element kept: {element} (`align " in capsys.readouterr().out
+    other = history.save_run(recs.lm)  # a run without an element: none is named, none deleted
+    assert history.run_element(other) is None
+    assert main(["runs", "delete", run_id]) == 0
+    assert not element.exists() and [r["run"]["id"] for r in history.list_runs()] == [other["run"]["id"]]
