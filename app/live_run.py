@@ -45,8 +45,8 @@ Runner = Callable[..., dict]  # run_pair(cfg, progress, cancel=token[, save_elem
 
 
 def _run_pair(cfg: RunConfig, progress, cancel: CancelToken, save_element: Path | None = None) -> dict:
-    return api.run_pair(cfg, progress, cancel=cancel, save_element=save_element)  # looked up per call: tests may
-    # stand in for it
+    # api.run_pair is looked up per call: tests may stand in for it
+    return api.run_pair(cfg, progress, cancel=cancel, save_element=save_element)
 
 
 POINT = re.compile(r"lambda = [^:]+: loss (\S+?)(?:,|$)")  # engine.interpolate's tick message for one point
@@ -121,7 +121,7 @@ class LiveRun:
     alive: Callable[[], bool] | None = None  # is the owning session still connected?
     keep: Callable[[Outcome], None] | None = None  # where the run is kept when it ends (keep_in_history)
     clock: Callable[[], float] = time.monotonic
-    run_id: str | None = None  # the history id of a run that keeps its element there (element_for)
+    run_id: str | None = None  # the history id of a run that keeps its element there (element_run_id)
 
     def __post_init__(self) -> None:
         self.token = CancelToken()

@@ -282,6 +282,11 @@ def load_run(run_id: str, root: Path | str | None = None) -> dict:
 
 def own_file(run_id: str, root: Path | str | None = None) -> Path:
     """The file of `run_id`, checked to be one the tool wrote (so it may delete it)."""
+    return _own(run_id, root)[0]
+
+
+def _own(run_id: str, root: Path | str | None) -> tuple[Path, dict]:
+    """own_file, and the run it holds (read once)."""
     f = run_file(run_id, root)
     if f.is_symlink():
         raise OutputError(f"Run file {f} is a symbolic link, not a file the tool wrote; it was left alone.")
@@ -290,7 +295,7 @@ def own_file(run_id: str, root: Path | str | None = None) -> Path:
     entry, why = _read(f)
     if entry is None:
         raise OutputError(f"{why} The tool deletes only runs it wrote, so the file was left alone.")
-    return f
+    return f, entry
 
 
 def set_note(run_id: str, note: str, root: Path | str | None = None) -> dict:
@@ -298,8 +303,7 @@ def set_note(run_id: str, note: str, root: Path | str | None = None) -> dict:
     atomically; returns the run as written."""
     if not isinstance(note, str) or len(note) > MAX_NOTE:
         raise LMCError(f"A run's note is text of at most {MAX_NOTE:,} characters.")
-    f = own_file(run_id, root)
-    entry = _read(f)[0]
+    f, entry = _own(run_id, root)
     run = {k: v for k, v in entry["run"].items() if k != "note"} | ({"note": note.strip()} if note.strip() else {})
     entry = {**entry, "run": run}
     write_record(entry, f)
@@ -310,8 +314,8 @@ def delete_run(run_id: str, root: Path | str | None = None) -> Path:
     """Delete one run the tool wrote, and the element file it kept; returns its run file."""
     from engine.align.start import is_element_file
 
-    f = own_file(run_id, root)
-    element = run_element(_read(f)[0], root)
+    f, entry = _own(run_id, root)
+    element = run_element(entry, root)
     for g in (f, element) if element is not None and is_element_file(element) else (f,):
         try:
             g.unlink()
