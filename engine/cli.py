@@ -181,7 +181,7 @@ def _is_record(f: Path) -> bool:
 def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = None) -> Path | None:
     """--out: a regular file (or new), not a file of an input model, not a file of the merged checkpoint,
     and, if it exists and is not empty, a result record (a file this tool wrote): nothing else is replaced."""
-    from engine.models.io import MARKER, OWN_FILES, check_output_file
+    from engine.models.io import MARKER, OWN_FILES, check_output_file, refuse_foreign
 
     if out is None:
         return None
@@ -194,9 +194,7 @@ def _check_out(out: str | None, inputs: list[Path], merged_dir: str | None = Non
     if merged_dir is not None and target.parent == Path(os.path.realpath(merged_dir)) and (
             target.name in (*OWN_FILES, MARKER) or target.suffix == ".safetensors"):
         raise LMCError(f"--out {out} would replace {target.name} of the model saved with --save-merged.")
-    if target.exists() and target.stat().st_size and not _is_record(target):
-        raise LMCError(f"--out {out} already holds a file that is not a result record of this tool; choose "
-                       "another file name (only an earlier record is replaced).")
+    refuse_foreign(target, f"--out {out}", _is_record, "result record")
     return target
 
 

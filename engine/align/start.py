@@ -31,7 +31,7 @@ from torch import Tensor
 from engine.align.resume import element_tensors
 from engine.errors import LMCError, SpecError
 from engine.models.base import Arch
-from engine.models.io import check_output_file, regular_file, write_file_atomic
+from engine.models.io import check_output_file, refuse_foreign, regular_file, write_file_atomic
 from engine.symmetry import GroupElement, LayerElement
 
 VERSION = 1
@@ -184,9 +184,7 @@ def check_save_target(file: str | Path, inputs: tuple[Path, ...] = (), label: st
     for d in inputs:
         if target.parent == Path(os.path.realpath(d)):
             raise LMCError(f"{lab} would write into the input model directory {d}; choose a file elsewhere.")
-    if target.exists() and target.stat().st_size and not is_element_file(target):
-        raise LMCError(f"{lab} already holds a file that is not an element file of this tool; choose another "
-                       "file name (only an earlier element file is replaced).")
+    refuse_foreign(target, lab, is_element_file, "element file")
     return target
 
 

@@ -418,6 +418,15 @@ def check_output_file(file: str | Path, name: str = "Output file") -> Path:
     return target
 
 
+def refuse_foreign(target: Path, label: str, own: Callable[[Path], bool], what: str) -> None:
+    """The one rule for files the tool replaces: an existing, non-empty `target` must be `what`, a file of this
+    tool (`own` says so), or nothing is written. `what` names the kind: "result record", "element file"."""
+    if target.exists() and target.stat().st_size and not own(target):
+        article = "an" if what[0] in "aeiou" else "a"
+        raise OutputError(f"{label} already holds a file that is not {article} {what} of this tool; choose another "
+                          f"file name (only an earlier {what} is replaced).")
+
+
 def _resolved(p: str | Path) -> Path:
     return Path(os.path.realpath(Path(p)))
 

@@ -356,7 +356,7 @@ def test_an_earlier_out_record_that_breaks_the_schema_is_not_replaced(probe, dua
     _out, err = capsys.readouterr()
     _no_internal_error(rc, err)
     assert rc == 2 and err == (f"error: --out {earlier} already holds a file that is not a result record of this "
-                               "tool; choose another file name (only an earlier record is replaced).\n")
+                               "tool; choose another file name (only an earlier result record is replaced).\n")
     assert earlier.read_bytes() == before
 
 
