@@ -28,7 +28,7 @@ run: $(STAMP)
 		--server.headless true --browser.gatherUsageStats false
 
 test: $(STAMP) chromium
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=20
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests bench

@@ -3,7 +3,8 @@
 `bench/RESULTS.md, "Title"` a heading of the benchmark results, and every other `*.md`
 the code mentions exists in the repository. Paths are relative to the repository root, or to the
 referring file's folder (a document in docs/ may say SCALE.md); a bare MATH.md in the code points
-outside the repository."""
+outside the repository. And the documents' code names: a `module.function` whose function is defined in
+engine/ or app/ names a module that has it."""
 
 import re
 from pathlib import Path
@@ -85,6 +86,61 @@ def problems(text: str, where: str, here: Path = ROOT) -> list[str]:
         if resolve(name, here) is None and not REF.fullmatch(name):  # REF's own misses are reported above
             bad.append(f"{where}: {name} does not exist")
     return bad
+
+
+# a dotted code name in backticks: `classes.choose_classes`, `engine.api.run_pair()`
+CODE = re.compile(r"`([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)(?:\(\))?`")
+OUTSIDE = {"st", "torch", "np", "F", "nn"}  # libraries the documents name by their usual short name
+
+
+def code_index(root: Path = ROOT) -> tuple[dict[str, list[str]], set[str]]:
+    """Every engine / app module under each of its dotted names (engine.align.pair, align.pair, pair) with
+    its sources, and every top-level function or class name defined in them."""
+    mods: dict[str, list[str]] = {}
+    defs: set[str] = set()
+    for p in sorted((root / "engine").rglob("*.py")) + sorted((root / "app").rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
+        parts = parts[:-1] if parts[-1] == "__init__" else parts
+        src = p.read_text(encoding="utf-8")
+        for i in range(len(parts)):
+            mods.setdefault(".".join(parts[i:]), []).append(src)
+        defs |= set(re.findall(r"^(?:def|class)\s+(\w+)", src, re.MULTILINE))
+    return mods, defs
+
+
+def code_problems(text: str, where: str, index=None) -> list[str]:
+    """Every `prefix.name` in `text` where `name` is an engine / app function or class but `prefix` is no
+    module that defines or imports it (a module renamed or a function moved since the text was written).
+    A class's attribute (`Arch.mismatch`) and a module named whole (`engine.interpolate`) are not checked."""
+    mods, defs = index or code_index()
+    bad = []
+    for m in CODE.finditer(text):
+        parts = m.group(1).split(".")
+        prefix, name = ".".join(parts[:-1]), parts[-1]
+        if name not in defs or m.group(1) in mods or parts[0] in OUTSIDE or parts[-2][:1].isupper():
+            continue
+        if prefix not in mods or not any(re.search(rf"\b{name}\b", s) for s in mods[prefix]):
+            bad.append(f"{where}: `{m.group(1)}`: {prefix} is no module of engine/ or app/ that has {name}")
+    return bad
+
+
+def test_every_code_name_in_the_documents_names_a_module_that_has_it():
+    index = code_index()
+    bad = [b for p in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+           for b in code_problems(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT)), index)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("`classes.choose_classes`", 0),
+    ("`engine.classes.choose_classes()`", 0),
+    ("`common.choose_classes`", 1),  # no module common
+    ("`history.choose_classes`", 1),  # a module, but not one that has it
+    ("`engine.interpolate`", 0),  # a module named whole
+    ("`Arch.mismatch`, `st.error`, `torch.lerp`", 0),  # a class's attribute, libraries
+])
+def test_the_code_name_checker_catches_what_it_should(text, expected):
+    assert len(code_problems(text, "example")) == expected, code_problems(text, "example")
 
 
 def test_every_document_reference_names_an_existing_file_and_section():
