@@ -364,12 +364,14 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
 def check_element_files(cfg: RunConfig, arch: Arch, save: str | Path | None, inputs: tuple[Path, Path]) -> None:
     """Before anything loads: the element file a run starts from fits its models and classes, and the one it
     will save is a file it may write (engine.align.start)."""
+    from engine.align.pair import rewrite_for
     from engine.align.start import check_save_target, check_start, is_file_start
     from engine.classes import choose_classes
 
     start = cfg.options.given().get("start")
     if is_file_start(start):
-        check_start(start, arch, choose_classes(arch, cfg.method, cfg.classes).classes)
+        classes = choose_classes(arch, cfg.method, cfg.classes).classes
+        check_start(start, arch, classes, rewrite=rewrite_for(arch, classes))
     if save is not None:
         if cfg.method == "naive":
             raise LMCError("--save-element keeps what an alignment found; the naive run has no element (the "

@@ -84,7 +84,7 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
-from engine.align.start import SUFFIX, is_file_start, read_element
+from engine.align.start import SUFFIX, check_coordinates, is_file_start, read_element
 from engine.align.weight import SMALL_MODEL, weight_match
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import check
@@ -1214,12 +1214,7 @@ def starting_point(ctx: AlignContext) -> Start:
     start = (ctx.learned or Settings()).start
     if is_file_start(start):
         ef = read_element(start, ctx.pair.arch, ctx.classes)
-        was, now = ef.meta.get("rewrite") or "", ctx.pair.rewrite or ""
-        if was != now:  # the coordinates an element acts in (prepare_pair): its maps mean nothing in others
-            said = {"": "as they are", "fold_norms": "with their norm gains folded",
-                    "layernorm_to_rmsnorm": "with LayerNorm rewritten as RMSNorm"}
-            raise LMCError(f"--start {start} was aligned on the models {said.get(was, was)}, this run's classes "
-                           f"align them {said.get(now, now)}; run with the classes it was aligned with.")
+        check_coordinates(start, ef.meta, ctx.pair.rewrite or "")  # the run's CLI checked it before loading
         return Start(ef.g_b, ef.g_a, ef.summary(start))
     progress = relabel(ctx.progress, f"{start} matching, starting point: ")
     if start == "activation":

@@ -68,6 +68,14 @@ def model_for(template: Model, arch: Arch, params: Params, share: bool = False) 
     return m
 
 
+def rewrite_for(arch: Arch, classes: frozenset[str]) -> str:
+    """The coordinates prepare_pair puts a pair of `arch` in for `classes` (Pair.rewrite), known before any
+    model loads: the residual rotation needs the norm gains folded, or LayerNorm rewritten as RMSNorm."""
+    if "residual_orth" not in classes:
+        return ""
+    return "fold_norms" if arch.norm == "rmsnorm" else "layernorm_to_rmsnorm"
+
+
 def prepare_pair(a: Model, b: Model, classes: frozenset[str], in_place: bool = False) -> Pair:
     """Canonical params of both models, norm-folded (or LayerNorm-rewritten) if residual_orth is used.
 
@@ -80,10 +88,10 @@ def prepare_pair(a: Model, b: Model, classes: frozenset[str], in_place: bool = F
     """
     pa, pb = canonical(a, copy=False), canonical(b, copy=False)  # views: aligners only read them
     arch = a.arch
-    if "residual_orth" not in classes:
+    name = rewrite_for(arch, classes)
+    if not name:
         return Pair(arch, build_spec(arch, pa), pa, pb, a, b, "")
-    rewrite_ = fold_norms_ if arch.norm == "rmsnorm" else layernorm_to_rmsnorm_
-    name = "fold_norms" if arch.norm == "rmsnorm" else "layernorm_to_rmsnorm"
+    rewrite_ = fold_norms_ if name == "fold_norms" else layernorm_to_rmsnorm_
     if in_place and _own_views(a, pa) and _own_views(b, pb):
         (arch_a, pa), (arch_b, pb) = rewrite_(arch, pa), rewrite_(arch, pb)
         if arch_a == arch_b == arch:  # folded into the models themselves: no twin needed

@@ -122,9 +122,22 @@ def read_header(file: str | Path, label: str = "--start") -> dict:
     return head
 
 
-def check_start(file: str | Path, arch: Arch, classes: frozenset[str], label: str = "--start") -> dict:
+def check_coordinates(file: str | Path, head: dict, rewrite: str, label: str = "--start") -> None:
+    """The element was found in the coordinates (Pair.rewrite) this run aligns in: its maps mean nothing in
+    others."""
+    was = head.get("rewrite") or ""
+    if was != rewrite:
+        said = {"": "as they are", "fold_norms": "with their norm gains folded",
+                "layernorm_to_rmsnorm": "with LayerNorm rewritten as RMSNorm"}
+        raise LMCError(f"{label} {file} was aligned on the models {said.get(was, was)}, this run's classes "
+                       f"align them {said.get(rewrite, rewrite)}; run with the classes it was aligned with.")
+
+
+def check_start(file: str | Path, arch: Arch, classes: frozenset[str], label: str = "--start",
+                rewrite: str | None = None) -> dict:
     """Before any model loads: the file is an element file of this architecture's shape whose classes the
-    run uses too. Returns its metadata."""
+    run uses too, and (`rewrite` given: pair.rewrite_for) found in the coordinates the run aligns in.
+    Returns its metadata."""
     head = read_header(file, label)
     want, got = arch_shape(arch), head["arch"]
     diff = [k for k in SHAPE if k in got and got[k] != want[k]]  # what the file records (the exactness guard checks the rest)
@@ -136,6 +149,8 @@ def check_start(file: str | Path, arch: Arch, classes: frozenset[str], label: st
     if extra:
         raise LMCError(f"{label} {file} moves {', '.join(extra)}, which this run's classes leave out; run with "
                        "the classes it was aligned with.")
+    if rewrite is not None:
+        check_coordinates(file, head, rewrite, label)
     return head
 
 

@@ -13,8 +13,10 @@ from ref_models import rope_pair, tiny
 from engine.align import learned
 from engine.align.context import AlignContext
 from engine.align.learned import Settings, optimise, relative, starting_point
-from engine.align.start import is_element_file, read_element, save_element
+from engine.align.pair import rewrite_for
+from engine.align.start import check_start, is_element_file, read_element, save_element
 from engine.cli import main
+from engine.errors import LMCError
 from engine.models import reference, save_model
 from engine.symmetry import identity, sample
 
@@ -43,6 +45,22 @@ def test_an_element_file_holds_both_sides_exactly(tmp_path):
     same_element(ef.g_b, g_b)
     same_element(ef.g_a, g_a)
     assert ef.meta["dual"] and ef.meta["method"] == "dual" and len(ef.sha256) == 64
+
+
+def test_the_coordinates_of_an_element_are_checked_before_any_model_loads(tmp_path):
+    """The rewrite a run's classes will make (pair.rewrite_for, from the architecture alone) is the one
+    prepare_pair makes, and an element found in other coordinates is refused on its header."""
+    pair, kinds = rope_pair()
+    assert rewrite_for(pair.arch, kinds) == pair.rewrite == "fold_norms"
+    no_rotation = kinds - {"residual_orth"}
+    assert rewrite_for(pair.arch, no_rotation) == ""
+    f = tmp_path / "e.safetensors"
+    save_element(f, pair.arch, identity(pair.arch), None,
+                 {"method": "learned", "classes": sorted(no_rotation), "rewrite": ""})
+    assert check_start(f, pair.arch, no_rotation, rewrite="")["rewrite"] == ""
+    with pytest.raises(LMCError, match="aligned on the models as they are, this run's classes align them with "
+                                       "their norm gains folded"):
+        check_start(f, pair.arch, kinds, rewrite=rewrite_for(pair.arch, kinds))
 
 
 @pytest.mark.parametrize("first_dual", [False, True])
