@@ -20,24 +20,25 @@ ROOT = Path(__file__).resolve().parents[2]
 # sums (1e-7) can flip a tiny gradient's sign and the runs part by a step size; in float64 they agree
 # to 1e-12
 RUN = ["align", "vit-learned-s0", "vit-learned-s1", "--method", "dual", "--steps", "4", "--points", "3",
-       "--eval-items", "64", "--no-attribution", "--dtype", "float64"]
+       "--eval-items", "64", "--no-attribution", "--dtype", "float64", "--skip-comparison"]
 
 
-def _engine(tmp_path: Path, out: str, processes: int) -> subprocess.CompletedProcess:
+def _engine(tmp_path: Path, out: str, processes: int) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env |= {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     launch = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
               if processes > 1 else [sys.executable])
-    return subprocess.run([*launch, "-m", "engine", *RUN, "--out", str(tmp_path / out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.Popen([*launch, "-m", "engine", *RUN, "--out", str(tmp_path / out)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 @pytest.mark.slow
 def test_two_gloo_processes_reach_the_one_process_element_and_barrier(tmp_path):
-    one, two = _engine(tmp_path, "one.json", 1), _engine(tmp_path, "two.json", 2)
-    assert one.returncode == 0, one.stderr[-2000:]
-    assert two.returncode == 0, two.stderr[-2000:]
-    assert two.stdout.count("wrote ") == 1  # process 0 alone reports and writes
+    runs = _engine(tmp_path, "one.json", 1), _engine(tmp_path, "two.json", 2)  # side by side
+    (_, err_one), (out_two, err_two) = (r.communicate(timeout=600) for r in runs)
+    assert runs[0].returncode == 0, err_one[-2000:]
+    assert runs[1].returncode == 0, err_two[-2000:]
+    assert out_two.count("wrote ") == 1  # process 0 alone reports and writes
     a, b = (json.loads((tmp_path / f).read_text()) for f in ("one.json", "two.json"))
     assert b["barrier"] == pytest.approx(a["barrier"], rel=1e-9)
     assert b["loss"] == pytest.approx(a["loss"], rel=1e-9)

@@ -11,7 +11,7 @@ from ref_models import rope_pair
 from engine.align import dual, learned
 from engine.align.context import AlignContext
 from engine.align.dual import dual_identity
-from engine.align.learned import align_learned, still_optimal
+from engine.align.learned import Settings, align_learned, still_optimal
 from engine.align.options import DualOptions
 from engine.align.run import align, endpoint_check
 from engine.align.solvers import assignment, perm_matrix
@@ -119,8 +119,8 @@ def test_dual_identity_runs_in_the_model_dtype_above_the_size_limit(monkeypatch)
 def test_gpt2_shaped_pair_with_the_full_vocabulary(tmp_path, monkeypatch):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 512})  # the vocabulary, not the batch, is under test
-    monkeypatch.setattr(dual, "IDENTITY_ITEMS", {"lm": 256})
+    monkeypatch.setattr(learned, "VAL_ITEMS", {"lm": 128})  # the vocabulary, not the batch, is under test
+    monkeypatch.setattr(dual, "IDENTITY_ITEMS", {"lm": 128})
     for s in (0, 1):
         torch.manual_seed(s)
         GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=50257)).save_pretrained(
@@ -128,7 +128,7 @@ def test_gpt2_shaped_pair_with_the_full_vocabulary(tmp_path, monkeypatch):
     a, b = load_model(tmp_path / "m0"), load_model(tmp_path / "m1")
     es = eval_set_for(a, "val", 256)
     for method in ("learned", "dual"):
-        al = align(a, b, method, steps=2, compare_one_sided=False)
+        al = align(a, b, method, steps=2, compare_one_sided=False, learned=Settings(batch=2))  # 2 x 128 tokens
         check = endpoint_check(b, al, es, evaluate(al.model_b, es)["loss"])  # raises unless exact
         assert check["exact"] and check["rel_diff"] < 1e-4
         info = al.out.info
@@ -143,7 +143,7 @@ def test_keeping_every_block_s_graph_changes_no_bit_of_the_run(monkeypatch, dual
     """Below SMALL_MODEL a step keeps every block's graph instead of forming it again in the backward pass
     (learned.blocks_checkpointed); the run is the checkpointed one to the last bit: losses, validation and the
     kept element."""
-    from engine.align.learned import Settings, optimise
+    from engine.align.learned import optimise
     from engine.align.weight import SMALL_MODEL
     from engine.symmetry import identity
 

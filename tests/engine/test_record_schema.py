@@ -400,7 +400,7 @@ def test_a_record_missing_optional_fields_is_shown_whole(dual, homes, capsys):
 # cache builds, two browser tabs keeping runs). Every write is a temporary file renamed over its
 # target, so no reader ever sees a torn file, and no record is lost.
 
-WRITES = 40
+WRITES = 20
 
 
 def _write_many(tag: str, rec: dict, store_dir: str, home: str, shared: str, start) -> None:
