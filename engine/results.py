@@ -321,7 +321,7 @@ _ELEMENT = _obj({
                       "distance_from_identity": _MEASURE}, required=("kind",)),
 }, required=("layers", "residual"))
 _DIAGNOSTICS = _obj({
-    "seconds": _real(lo=0), "seconds_per_step": _real(lo=0), "init_seconds": _real(lo=0),
+    "seconds": _real(lo=0), "seconds_per_step": _real(lo=0, null=True), "init_seconds": _real(lo=0),
     "time_budget_s": _real(lo=0, null=True), "tokens": _whole(), "steps": _whole(), "steps_done": _whole(),
     "best_step": _whole(), "resolve_every": _whole(), "best_val_barrier": _MEASURE, "best_val_midpoint_loss": _MEASURE,
     "stopped": _text(), "stop": _text(), "stop_tol": _real(lo=0), "work_dtype": _text(64), "converged": _flag(),

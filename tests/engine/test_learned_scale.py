@@ -167,3 +167,25 @@ def test_keeping_every_block_s_graph_changes_no_bit_of_the_run(monkeypatch, dual
     for el, el0 in zip(kept["g_b"].layers, ck["g_b"].layers):
         assert torch.equal(el.qk, el0.qk) and torch.equal(el.vo, el0.vo) and torch.equal(el.head_perm, el0.head_perm)
     assert torch.equal(kept["g_b"].residual, ck["g_b"].residual)
+
+
+def test_a_dual_run_whose_budget_ends_before_its_first_step_is_a_whole_record_the_history_keeps(tmp_path):
+    """On a busy machine weight matching's start can use up a short time budget: the run takes no step, and
+    its record (no seconds per step, no comparison to make) must still be one the store and history accept."""
+    from engine.history import list_runs, save_run
+    from engine.models import reference, save_model
+    from engine.pipeline import run_pair
+    from engine.results import RunConfig, record_problem
+
+    for s in (0, 1):
+        save_model(reference.build(reference.RefConfig(task="lm", n_layers=2, d_model=32, n_heads=4, d_mlp=64,
+                                                       n_ctx=32, pe="rope"), seed=s), tmp_path / f"m{s}")
+    cfg = RunConfig(str(tmp_path / "m0"), str(tmp_path / "m1"), "dual", points=3, eval_items=256,
+                    options=DualOptions(time_budget_s=1e-6))
+    rec = run_pair(cfg, attribution=False)
+    d = rec["alignment"]["diagnostics"]
+    assert d["steps_done"] == 0 and d["seconds_per_step"] is None and d["stopped"] == "time_budget"
+    assert d["one_sided_skipped"].endswith("which ended before the first step: there is no step to compare")
+    assert record_problem(rec) is None
+    save_run(rec, root=tmp_path / "home")
+    assert [r["alignment"]["diagnostics"]["steps_done"] for r in list_runs(tmp_path / "home")] == [0]
