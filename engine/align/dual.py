@@ -113,9 +113,11 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     if not compare:
         why = (f"the {ctx.time_budget_s:g} s time budget went to the dual optimisation" if ctx.compare_one_sided
                else "the run skipped it (--skip-comparison)")
-        info["one_sided_skipped"] = (f"{why}; `--method learned --steps {res['steps_done']}` runs the one-sided one "
-                                     "for as many steps" if res["steps_done"] else
-                                     f"{why}, which ended before the first step: there is no step to compare")
+        if res["steps_done"]:
+            info["one_sided_skipped"] = (f"{why}; `--method learned --steps {res['steps_done']}` runs the one-sided "
+                                         "one for as many steps")
+        else:
+            info["one_sided_skipped"] = f"{why}, which ended before the first step: there is no step to compare"
     if compare:  # the steps the dual run did, without a clock: the same budget
         done = res["steps_done"]
         taken = ctx.one_sided is not None and ctx.one_sided["steps"] == done

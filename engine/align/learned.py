@@ -84,7 +84,7 @@ from engine.align.solvers import (
     residual_perm_of,
     rope_scalars,
 )
-from engine.align.start import SUFFIX, check_coordinates, is_file_start, read_element
+from engine.align.start import SUFFIX, is_file_start, read_element
 from engine.align.weight import SMALL_MODEL, weight_match
 from engine.align.weight import scratch_bytes as weight_scratch
 from engine.cancel import check
@@ -1213,8 +1213,8 @@ def starting_point(ctx: AlignContext) -> Start:
     shape, classes and coordinates (the rewrite prepare_pair made)."""
     start = (ctx.learned or Settings()).start
     if is_file_start(start):
-        ef = read_element(start, ctx.pair.arch, ctx.classes)
-        check_coordinates(start, ef.meta, ctx.pair.rewrite or "")  # the run's CLI checked it before loading
+        # the coordinates prepare_pair put the pair in (a run's CLI checked them before loading: pair.rewrite_for)
+        ef = read_element(start, ctx.pair.arch, ctx.classes, rewrite=ctx.pair.rewrite or "")
         return Start(ef.g_b, ef.g_a, ef.summary(start))
     progress = relabel(ctx.progress, f"{start} matching, starting point: ")
     if start == "activation":

@@ -122,7 +122,7 @@ def read_header(file: str | Path, label: str = "--start") -> dict:
     return head
 
 
-def check_coordinates(file: str | Path, head: dict, rewrite: str, label: str = "--start") -> None:
+def _check_coordinates(file: str | Path, head: dict, rewrite: str, label: str) -> None:
     """The element was found in the coordinates (Pair.rewrite) this run aligns in: its maps mean nothing in
     others."""
     was = head.get("rewrite") or ""
@@ -150,7 +150,7 @@ def check_start(file: str | Path, arch: Arch, classes: frozenset[str], label: st
         raise LMCError(f"{label} {file} moves {', '.join(extra)}, which this run's classes leave out; run with "
                        "the classes it was aligned with.")
     if rewrite is not None:
-        check_coordinates(file, head, rewrite, label)
+        _check_coordinates(file, head, rewrite, label)
     return head
 
 
@@ -203,9 +203,11 @@ def check_save_target(file: str | Path, inputs: tuple[Path, ...] = (), label: st
     return target
 
 
-def read_element(file: str | Path, arch: Arch, classes: frozenset[str], label: str = "--start") -> ElementFile:
-    """The element(s) of an element file, checked against the architecture and classes of the run."""
-    head = check_start(file, arch, classes, label)
+def read_element(file: str | Path, arch: Arch, classes: frozenset[str], label: str = "--start",
+                 rewrite: str | None = None) -> ElementFile:
+    """The element(s) of an element file, checked against the architecture, classes and (`rewrite` given) the
+    coordinates of the run (check_start)."""
+    head = check_start(file, arch, classes, label, rewrite)
     lab = f"{label} {file}"
     try:
         t = load_file(str(file))
