@@ -79,6 +79,7 @@ from engine.models.base import Arch  # noqa: F401
 from engine.pipeline import (  # noqa: F401
     ModelInfo,
     check_alpha,
+    check_inputs,
     check_pair,
     check_widen,
     describe_pair,

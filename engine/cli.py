@@ -343,14 +343,14 @@ def _encoders(args, method: str, device: str) -> bool:
 
 
 def cmd_interpolate(args) -> None:
-    from engine.api import run_pair
-    from engine.resources import check_run, describe
+    from engine.api import check_inputs, run_pair
+    from engine.resources import describe
 
     _, device = _check_pair_args(args)
     if _encoders(args, "naive", device):
         return
     cfg = _run_config(args, "naive", device)
-    print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
+    print(describe(check_inputs(cfg, offload=args.offload)[1]))  # the run's memory, once it is known to start
     bars = _progress_bar("interpolate")
     try:
         rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=args.attribution)
@@ -384,8 +384,8 @@ def _check_steps(args) -> None:
 
 
 def cmd_align(args) -> None:
-    from engine.api import run_pair
-    from engine.resources import check_run, describe
+    from engine.api import check_inputs, run_pair
+    from engine.resources import describe
 
     _check_steps(args)
     inputs, device = _check_pair_args(args)
@@ -397,7 +397,8 @@ def cmd_align(args) -> None:
         return
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
-    print(describe(check_run(cfg, offload=args.offload)))  # the run's memory, before anything loads
+    print(describe(check_inputs(cfg, args.save_merged, alpha, args.overwrite, args.extrapolate, args.offload,
+                                args.save_element)[1]))  # the run's memory, once it is known to start
     bars = _progress_bar(args.method)
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,

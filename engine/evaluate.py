@@ -123,11 +123,21 @@ def mlm_eval_set_for(model: Model, split: str = "test", max_items: int | None = 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json")
 
 
-def tokenizer_for(model: Model) -> Tokenizer | None:
-    """The checkpoint's own tokenizer when its directory ships one, else None (bytes)."""
-    if model.path is not None and any((Path(model.path) / f).is_file() for f in TOKENIZER_FILES):
-        return HFTokenizer(model.path)
-    return None
+def lm_tokenizer(arch: Arch, path: Path | None, name: str) -> Tokenizer | None:
+    """The tokenizer a causal LM's evaluation text is encoded with: its directory's own when it ships one, else
+    None (bytes). Refused in one sentence when it cannot serve the model: a broken tokenizer, more tokens than
+    the model's vocabulary, or no tokenizer for a vocabulary smaller than the bytes'. engine.pipeline.check_inputs
+    asks before any model loads."""
+    tok = None
+    if path is not None and any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        tok = HFTokenizer(path)
+        if tok.vocab_size > arch.n_out:
+            raise DataError(f"The tokenizer in {path} has {tok.vocab_size} tokens, more than the "
+                            f"model's vocabulary of {arch.n_out}.")
+    elif arch.n_out < BYTE_VOCAB:
+        raise DataError(f"Model {name} has a vocabulary of {arch.n_out} and ships no "
+                        f"tokenizer; byte-level evaluation text needs at least {BYTE_VOCAB} tokens.")
+    return tok
 
 
 def eval_set_for(model: Model, split: str = "test", max_items: int | None = None) -> EvalSet:
@@ -137,13 +147,7 @@ def eval_set_for(model: Model, split: str = "test", max_items: int | None = None
         if hf_bert.is_encoder(model.arch):  # no head, no loss: engine.represent compares hidden states
             raise DataError(hf_bert.no_loss(model.name or str(model.path), model.family))
         return mlm_eval_set_for(model, split, max_items)
-    tok = tokenizer_for(model)
-    if tok is not None and tok.vocab_size > model.arch.n_out:
-        raise DataError(f"The tokenizer in {model.path} has {tok.vocab_size} tokens, more than the "
-                        f"model's vocabulary of {model.arch.n_out}.")
-    if tok is None and model.arch.n_out < BYTE_VOCAB:
-        raise DataError(f"Model {model.name or model.path} has a vocabulary of {model.arch.n_out} and ships no "
-                        f"tokenizer; byte-level evaluation text needs at least {BYTE_VOCAB} tokens.")
+    tok = lm_tokenizer(model.arch, model.path, model.name or str(model.path))
     return lm_eval_set(split, max_items, n_ctx=min(model.arch.n_ctx, DEFAULT_LM_CTX), tokenizer=tok)
 
 

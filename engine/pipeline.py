@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -19,7 +20,7 @@ from engine.cancel import CancelToken
 from engine.cancel import check as check_cancel
 from engine.data import default_splits, digits_sha256
 from engine.errors import ArchitectureMismatch, LMCError, ModelError
-from engine.evaluate import eval_set_for, evaluate, train_eval_set_for
+from engine.evaluate import eval_set_for, evaluate, is_masked_lm, lm_tokenizer, train_eval_set_for
 from engine.interpolate import LinearPath, check_same_architecture, interpolate, make_path
 from engine.models import Model, load_model, save_model
 from engine.models.base import Arch
@@ -48,7 +49,7 @@ def family_label(family: str, task: str) -> str:
 
 @dataclass(frozen=True)
 class ModelInfo:
-    """What a model is, read from its config alone (no weights)."""
+    """What a model is, read from its config and its weight files' headers (no tensor)."""
 
     name: str  # zoo name, or the directory as given
     path: Path  # the directory, absolute
@@ -67,12 +68,13 @@ class ModelInfo:
 
 
 def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:
-    """The family and architecture of a zoo model or a model directory, from its config alone.
+    """The family and architecture of a zoo model or a model directory, from its config and its weight files'
+    headers (safetensors, parameters stored as floating point); no tensor is read.
 
     Every problem is one sentence that starts with `role` ("Model A", "Model B", "Model") and names the
     directory by its full path, so the same input gets the same message wherever it is checked.
     """
-    from engine.models.io import read_config
+    from engine.models.io import check_closed_world, check_weight_files, read_config
     from engine.resources import model_shape
 
     s = str(name_or_path).strip()
@@ -92,11 +94,13 @@ def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:
         if not any(path.iterdir()):
             raise ModelError(f"{role} directory {path} is empty: a model directory holds config.json and "
                              "the weights.")
-        if not (path / "config.json").exists():
+        if not os.path.lexists(path / "config.json"):  # a dangling link is there: read_config names it
             raise ModelError(f"{role} directory {path} has no config.json, so its family cannot be told.")
     try:
+        check_closed_world(path)  # a link that leads outside, before anything it points at is read
         read_config(path)
         shape = model_shape(path)
+        check_weight_files(path, shape.names)  # from the files' headers: no tensor is read
     except LMCError as e:
         raise ModelError(f"{role} directory {path} cannot be used: {_lower_first(str(e))}") from None
     return ModelInfo(s, path.absolute(), shape.family, shape.arch, family_label(shape.family, shape.arch.task))
@@ -242,6 +246,34 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
     return float(alpha)
 
 
+def check_inputs(cfg: RunConfig, save_merged: str | Path | None = None, alpha: float = 0.5, overwrite: bool = False,
+                 extrapolate: bool = False, offload: bool = False, save_element: str | Path | None = None):
+    """Every check run_pair makes before anything loads, from the configs and the named files alone: the method
+    and its options, the device, the pair (configs, weight headers), A's tokenizer, the path kind, the merged
+    model's directory and alpha, the element files, and the run's memory (refused if it cannot fit). Returns the two models' paths and the memory estimate
+    (engine.resources.describe says it), so that a caller can announce a run only once it is known to start."""
+    from engine.align import method_options
+    from engine.resources import check_run
+
+    method_options(cfg.method, cfg.options)  # the method and its options, before anything else is read
+    resolve_device(cfg.device)
+    info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
+    paths = (info_a.path, info_b.path)
+    if info_a.arch.task == "lm" and not is_masked_lm(info_a.arch):  # A's tokenizer encodes the evaluation text
+        lm_tokenizer(info_a.arch, info_a.path, str(cfg.model_a))
+    if cfg.path == "circuits":
+        from engine.circuits import circuit_refusal
+
+        why = circuit_refusal(info_a.arch)
+        if why:
+            raise LMCError(f"The circuit path is not defined for {cfg.model_a}: {why}.")
+    if save_merged is not None:
+        check_alpha(alpha, extrapolate)
+        check_output_dir(save_merged, overwrite, inputs=paths, name="--save-merged directory")
+    check_element_files(cfg, info_a.arch, save_element, paths)
+    return paths, check_run(cfg, offload=offload)
+
+
 def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged: str | Path | None = None,
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
              cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None,
@@ -277,26 +309,11 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     precision, to that file (engine.align.start: a later learned or dual run's `start`); the record's
     `element_file` names it.
     """
-    from engine.align import method_options
     from engine.align.run import align, alignment_record, endpoint_check
-
-    method_options(cfg.method, cfg.options)  # the method and its options, before anything else is read
-    device = resolve_device(cfg.device)
-    info_a, info_b = check_pair(cfg.model_a, cfg.model_b)  # from the configs: refused before loading
-    path_a, path_b = info_a.path, info_b.path
-    if cfg.path == "circuits":
-        from engine.circuits import circuit_refusal
-
-        why = circuit_refusal(info_a.arch)
-        if why:
-            raise LMCError(f"The circuit path is not defined for {cfg.model_a}: {why}.")
-    if save_merged is not None:
-        check_alpha(alpha, extrapolate)
-        check_output_dir(save_merged, overwrite, inputs=(path_a, path_b), name="--save-merged directory")
-    check_element_files(cfg, info_a.arch, save_element, (path_a, path_b))
     from engine.memory import trim_freed_memory
-    from engine.resources import check_run  # memory from the configs: refuse before loading
-    check_run(cfg, offload=offload)
+
+    (path_a, path_b), _ = check_inputs(cfg, save_merged, alpha, overwrite, extrapolate, offload, save_element)
+    device = resolve_device(cfg.device)
     gflops = reference_gflops(device, refresh=True)  # the machine's speed as the run starts: its provenance
     phases = Phases(progress)
     t0 = time.perf_counter()

@@ -93,6 +93,7 @@ class Shape:
     buffers: int  # floating buffer elements (RoPE tables, ...)
     other_buffer_bytes: int  # integer / boolean buffers (masks, position ids) at their own size
     layer_params: int  # parameters of one block
+    names: tuple[str, ...] = ()  # the module's parameter names: what a weight file must store as floating point
 
     def bytes(self, itemsize: int) -> int:
         return (self.params + self.buffers) * itemsize + self.other_buffer_bytes
@@ -155,7 +156,7 @@ def model_shape(path: str | Path) -> Shape:
               if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) == arch.n_layers > 0]
     layer = sum(p.numel() for p in stacks[0][0].parameters()) if stacks else params // max(1, arch.n_layers)
     return Shape(fam.name, arch, params, sum(b.numel() for b in floating),
-                 sum(b.numel() * b.element_size() for b in others), layer)
+                 sum(b.numel() * b.element_size() for b in others), layer, tuple(k for k, _ in module.named_parameters()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def align_dual(ctx: AlignContext) -> AlignOutput:
     g_a, g_b = res["g_a"], res["g_b"]
     info = {k: res[k] for k in RECORD}
     info["identity"] = dual_identity(ctx.pair, g_a, g_b)
-    info["seconds"], info["init_seconds"] = t(), t_init
+    info["seconds"], info["init_seconds"] = t() + res["earlier_seconds"], t_init  # a resumed run counts its earlier part
     info |= start_record(s)
     if not compare:
         why = (f"the {ctx.time_budget_s:g} s time budget went to the dual optimisation" if ctx.compare_one_sided

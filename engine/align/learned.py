@@ -937,7 +937,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     if cuda:
         torch.cuda.reset_peak_memory_stats(ref.device)
     rss_before = peak_rss_bytes()
-    clock = tick()
+    clock, earlier = tick(), 0.0  # earlier: the seconds earlier processes of a resumed run spent
     # the weights in their stored dtype: each stage widens what it reads (stages, Midpoint, moved_ends)
     pa = {k: v.detach().to(ref.device) for k, v in pair.params_a.items()}
     pb = {k: v.detach().to(ref.device) for k, v in pair.params_b.items()}
@@ -1098,7 +1098,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
         rng.setstate((version, tuple(internal), gauss))
         for _ in range(done):  # the batch stream is a function of the seed: draw it up to the step reached
             next(batches)
-        clock, t_opt = shifted(m["seconds"]), shifted(m["opt_seconds"])
+        clock, t_opt, earlier = shifted(m["seconds"]), shifted(m["opt_seconds"]), m["seconds"]
     for step in range(done + 1, steps + 1 if opt else 1):
         check(ctx.cancel, f"{name}, step {step}/{steps}")
         now = distributed.agree(clock())  # process 0's clock decides for all (engine.distributed)
@@ -1172,7 +1172,7 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
               "time_budget_s": time_budget_s, "resolve_every": RESOLVE_EVERY, "permutation_solves": solves,
               "seconds_per_step": opt_seconds / done if done else None, "memory": memory, "resumed_at": resumed_at}
     save_state(finished=True, result=result)
-    return result
+    return result | {"earlier_seconds": earlier}
 
 
 def shifted(base: float) -> Callable[[], float]:
@@ -1182,10 +1182,12 @@ def shifted(base: float) -> Callable[[], float]:
 
 
 def finished_result(state: resume.State, n_layers: int, dual: bool) -> dict:
-    """The result of an optimisation that finished before its run was interrupted, from its state."""
+    """The result of an optimisation that finished before its run was interrupted, from its state (all of its
+    seconds spent earlier)."""
     t = state.tensors
     g_a = resume.element_from(t, "best.a.", n_layers) if dual else None
-    return state.meta["result"] | {"g_a": g_a, "g_b": resume.element_from(t, "best.b.", n_layers)}
+    return state.meta["result"] | {"g_a": g_a, "g_b": resume.element_from(t, "best.b.", n_layers),
+                                   "earlier_seconds": state.meta["seconds"]}
 
 
 RECORD = ("steps", "steps_done", "stopped", "time_budget_s", "resolve_every", "permutation_solves", "best_step",
@@ -1231,7 +1233,8 @@ def align_learned(ctx: AlignContext) -> AlignOutput:
     res = optimise(ctx, s.one_sided(ctx.pair.arch), dual=False, steps=ctx.steps or TASK_STEPS[ctx.pair.arch.task],
                    time_budget_s=ctx.time_budget_s, start_file=s.file)
     info = {k: res[k] for k in RECORD}
-    return AlignOutput(res["g_b"], info | {"seconds": t(), "init_seconds": t_init} | start_record(s))
+    return AlignOutput(res["g_b"], info | {"seconds": t() + res["earlier_seconds"], "init_seconds": t_init}
+                       | start_record(s))
 
 
 def start_record(s: Start) -> dict:

@@ -342,6 +342,20 @@ def read_safetensors(file: Path, expected: dict[str, torch.Tensor] | None = None
     return state
 
 
+def check_weight_files(path: Path, parameter_names: Iterable[str]) -> None:
+    """Before any weight is read: the directory's weights are safetensors (not pickles only), regular files, and
+    store every model parameter as floating point (their headers alone are read)."""
+    path = Path(path)
+    refuse_pickles(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"Model directory {path} has no model.safetensors.")
+    for f in files:
+        if not f.is_file():  # a link to a device or a directory: never handed to the reader
+            raise ModelError(f"{f} is not a regular file.")
+    check_float_weights(path, parameter_names)
+
+
 def check_float_weights(path: Path, parameter_names: Iterable[str]) -> None:
     """Refuse safetensors in `path` that store a model parameter as integers or booleans.
 

@@ -123,16 +123,23 @@ def test_check_fits_refuses_in_one_sentence_naming_need_and_availability(tmp_pat
 
 
 def test_run_pair_refuses_before_loading(tmp_path, monkeypatch):
+    from engine import pipeline
+
     for s in (0, 1):
         save_model(reference.build(tiny(vocab_size=256), seed=s), tmp_path / f"m{s}")
-    (tmp_path / "m1" / "model.safetensors").write_bytes(b"corrupt")  # loading would fail with ModelError
     cfg = RunConfig(str(tmp_path / "m0"), str(tmp_path / "m1"), points=3, eval_items=1024)
     assert check_run(cfg).total_bytes > 0
-    monkeypatch.setattr(resources, "available_bytes", lambda device: 1000)
-    with pytest.raises(ResourceError, match=r"but only 1\.0 kB are available on cpu\."):
-        run_pair(cfg)
-    monkeypatch.undo()
-    with pytest.raises(ModelError):
+
+    def never(*a, **k):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(pipeline, "load_both", never)
+    with monkeypatch.context() as m:
+        m.setattr(resources, "available_bytes", lambda device: 1000)
+        with pytest.raises(ResourceError, match=r"but only 1\.0 kB are available on cpu\."):
+            run_pair(cfg)
+    (tmp_path / "m1" / "model.safetensors").write_bytes(b"corrupt")  # its header does not parse
+    with pytest.raises(ModelError, match=r"^Model B directory .* cannot be used: .* is not a readable safetensors"):
         run_pair(cfg)
 
 

@@ -73,10 +73,14 @@ def test_an_interrupted_optimisation_resumes_where_it_stopped_and_ends_as_the_wh
     res = optimise(ctx, g0, dual=dual, steps=12, settings=ST)
     same(res, ref)
     assert res["resumed_at"] == [6] and ref["resumed_at"] == []
+    # the run's seconds count the killed process's up to its state (the aligners add them to their own clock)
+    assert ref["earlier_seconds"] == 0.0 and res["earlier_seconds"] == meta["seconds"] > 0
     # finished: the state holds the result, which is returned without a step being run
-    assert json.loads((tmp_path / "state" / f"{phase}.json").read_text())["finished"]
+    final = json.loads((tmp_path / "state" / f"{phase}.json").read_text())
+    assert final["finished"]
     again = optimise(ctx, g0, dual=dual, steps=12, settings=ST, on_check=kill_at(0))  # no check runs at all
     same(again, ref)
+    assert again["earlier_seconds"] == final["seconds"] > meta["seconds"]  # all of it was spent earlier
 
 
 def test_a_run_without_mlp_permutations_resumes_too(tmp_path):
