@@ -391,9 +391,10 @@ def estimates_for(cfg: RunConfig, refs: Sequence[dict]) -> tuple[dict[str, float
         rate = api.reference_gflops(api.resolve_device(cfg.device))
     except (LMCError, OSError):
         return dict.fromkeys(PHASES), {}
-    steps = cfg.steps or api.method_steps(cfg.method, arch.task)
+    steps = api.final_config(cfg, arch).steps  # the cap it runs under: none under a time budget alone
     return api.estimate_run(cfg.method, arch.to_dict(), size, cfg.points, steps, refs, rate,
                             train_size=api.train_items(arch.task, size),
                             attribution_size=0 if api.attribution_skipped(cfg.method, arch.to_dict(), size, cfg.points)
                             else api.attribution_items(arch.task, size),
-                            batch=getattr(cfg.options, "batch", None))
+                            batch=getattr(cfg.options, "batch", None),
+                            time_budget_s=getattr(cfg.options, "time_budget_s", None))

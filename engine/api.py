@@ -128,14 +128,6 @@ def method_names() -> dict[str, str]:
     return {name: m.display_name for name, m in METHODS.items()}
 
 
-def method_steps(method: str, task: str | None = None) -> int:
-    """The optimisation budget a run of `method` on `task` asking for 0 steps gets (0: no steps, or no
-    such method)."""
-    from engine.align import METHODS
-
-    return METHODS[method].steps(task) if method in METHODS else 0
-
-
 def method_options(method: str, given: dict | None = None):
     """`method`'s run options with the values of `given` set (None: unset), validated (engine.options); an
     option the method does not take is an LMCError naming the methods that do."""

@@ -306,10 +306,16 @@ def arithmetic_seconds(method: str, arch: dict, eval_size: int, points: int, ste
 
 def estimate_run(method: str, arch: dict, eval_size: int, points: int, steps: int, refs: Iterable[dict],
                  rate: float | None, train_size: int = 0, attribution_size: int = 0,
-                 batch: int | None = None) -> tuple[dict[str, float | None], dict[str, str]]:
+                 batch: int | None = None, time_budget_s: float | None = None,
+                 ) -> tuple[dict[str, float | None], dict[str, str]]:
     """(seconds per phase, where each came from): a phase an earlier record of the architecture tells
     (estimate_seconds, scaled to today's `rate`) is "records", the others "arithmetic"
-    (arithmetic_seconds); a phase neither tells is None and has no source."""
+    (arithmetic_seconds); a phase neither tells is None and has no source.
+
+    `steps` is the run's step cap as it runs (engine.align.learned.step_budget: MAX_STEPS under a time budget
+    alone). Learned and dual matching under `time_budget_s` align for at most weight matching's start and the
+    budget (their clock counts the optimisation), whichever of that and the steps' estimate is shorter."""
+    refs = list(refs)
     kw = {"train_size": train_size, "attribution_size": attribution_size, "batch": batch}
     est = estimate_seconds(method, arch, eval_size, points, steps, refs, rate=rate, **kw)
     calc = arithmetic_seconds(method, arch, eval_size, points, steps, rate, **kw) if rate else dict.fromkeys(PHASES)
@@ -319,6 +325,10 @@ def estimate_run(method: str, arch: dict, eval_size: int, points: int, steps: in
             source[p] = "records"
         elif calc[p] is not None:
             est[p], source[p] = calc[p], "arithmetic"
+    if time_budget_s is not None and method in ("learned", "dual") and est["align"] is not None:
+        start = estimate_run("weight", arch, eval_size, points, 0, refs, rate)[0]["align"]
+        if start is not None:
+            est["align"] = min(est["align"], start + time_budget_s)
     return est, source
 
 

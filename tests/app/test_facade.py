@@ -84,9 +84,6 @@ def test_the_api_s_thin_functions_answer_like_the_engine():
 
     assert engine.api.method_names() == {k: m.display_name for k, m in METHODS.items()}
     assert next(iter(engine.api.method_names())) == "naive"
-    assert {m: engine.api.method_steps(m) for m in METHODS} == {k: m.default_steps for k, m in METHODS.items()}
-    assert engine.api.method_steps("dual", "vit") == 800 and engine.api.method_steps("dual", "lm") == 400
-    assert engine.api.method_steps("no-such-method") == 0
     assert engine.api.eval_size("lm", 32, 1000) == lm_eval_set("test", 1000, n_ctx=32).size == 992
     assert engine.api.eval_size("lm", 512, 1000) == 896  # context capped at 128: 7 windows
     assert engine.api.eval_size("vit", 65, 50) == vit_eval_set("test", 50).size == 50

@@ -175,6 +175,22 @@ def test_phase_rows_and_headline_read_the_snapshot():
         == ["load", "align", "interpolate", "attribution"]  # naive measures nothing before the path
 
 
+def test_a_time_budget_alone_is_what_the_estimate_aligns_for(tiny_env):
+    """A dual run given only a time budget runs no step default: the estimate before it says weight matching's
+    start and the budget, not the default's 400 steps."""
+    from engine import api
+
+    a, b = CACHED_PAIRS[0]
+    start = live_run.estimates_for(RunConfig(a, b, "weight"), [])[0]["align"]
+    steps = live_run.estimates_for(RunConfig(a, b, "dual"), [])[0]["align"]
+    for budget in (600.0, 1e-3):
+        cfg = RunConfig(a, b, "dual", options=api.method_options("dual", {"time_budget_s": budget}))
+        assert live_run.estimates_for(cfg, [])[0]["align"] == pytest.approx(start + budget)
+    assert start < steps < start + 600  # 400 steps of the tiny pair: well under ten minutes
+    capped = RunConfig(a, b, "dual", steps=400, options=api.method_options("dual", {"time_budget_s": 600.0}))
+    assert live_run.estimates_for(capped, [])[0]["align"] == pytest.approx(steps)  # the steps end it first
+
+
 # ---------------------------------------------------------------------------------------------
 # The page
 

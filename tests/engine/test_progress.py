@@ -107,6 +107,28 @@ def test_a_larger_batch_is_a_longer_and_larger_run():
     assert scratch[1] > scratch[0]  # the kept block inputs of four times the sequences
 
 
+def test_a_time_budget_alone_is_the_optimisation_s_time():
+    """Under a time budget alone (no step cap: MAX_STEPS) learned and dual matching align for weight matching's start
+    and the budget; with a step cap too, for whichever ends first."""
+    from engine.results import MAX_STEPS
+
+    weight = record("weight", {"load": 0.5, "align": 4.0, "interpolate": 21.0}, gflops=10.0)
+    learned = record("learned", {"load": 0.5, "align": 44.0, "interpolate": 21.0}, gflops=10.0, steps=400)
+    arithmetic = arithmetic_seconds("weight", ARCH, 1000, 21, 0, 10.0)["align"]
+    for refs, start in (([weight, learned], 4.0), ([], arithmetic)):  # from the records, and from the arithmetic
+        assert estimate_run("weight", ARCH, 1000, 21, 0, refs, 10.0)[0]["align"] == pytest.approx(start)
+        for method in ("learned", "dual"):
+            capped = estimate_run(method, ARCH, 1000, 21, 400, refs, 10.0)[0]["align"]
+            alone = estimate_run(method, ARCH, 1000, 21, MAX_STEPS, refs, 10.0, time_budget_s=600)[0]["align"]
+            assert alone == pytest.approx(start + 600), (method, refs)
+            both = estimate_run(method, ARCH, 1000, 21, 400, refs, 10.0, time_budget_s=600)[0]["align"]
+            assert both == pytest.approx(min(capped, start + 600))
+            short = estimate_run(method, ARCH, 1000, 21, 400, refs, 10.0, time_budget_s=1e-3)[0]["align"]
+            assert short == pytest.approx(start + 1e-3) and short < capped
+    naive = estimate_run("weight", ARCH, 1000, 21, 0, [weight], 10.0, time_budget_s=600)[0]["align"]
+    assert naive == 4.0  # a method without steps has no budget to spend
+
+
 def test_the_remaining_time_follows_the_run_s_pace():
     est = {"load": 1.0, "measure B": 2.0, "align": 30.0, "interpolate": 12.0, "attribution": 3.0}
     phases = {"load": Update("load", 2, 2, "", 5.0, 0.0), "measure B": Update("measure B", 4, 4, "", 4.0, 0.0),
