@@ -38,7 +38,6 @@ class Method:
     display_name: str
     reference: str
     fn: Callable[[AlignContext], AlignOutput]
-    uses_data: bool  # reads training data (activation statistics or task-loss gradients)
     default_steps: int = 0  # optimisation budget when a run asks for 0 steps (0: a method without steps)
     task_steps: dict[str, int] | None = None  # per task, where it differs from default_steps
     # peak scratch memory beyond the two models, in bytes, from the config alone (engine.resources):
@@ -53,20 +52,19 @@ class Method:
 
 
 METHODS: dict[str, Method] = {m.name: m for m in [
-    Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive, False,
+    Method("naive", "Naive (no alignment)", "Linear Mode Connectivity and the Lottery Ticket Hypothesis (ICML 2020)", align_naive,
            scratch=naive.scratch_bytes),
     Method("weight", "Weight matching", "Git Re-Basin (ICLR 2023), extended to heads, "
-           "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights, False,
+           "within-head maps and the residual stream (docs/MATH.md section 4.2)", align_weights,
            scratch=weight.scratch_bytes, options=WeightOptions),
     Method("activation", "Activation matching", "Git Re-Basin (ICLR 2023); Model Fusion via Optimal Transport (NeurIPS 2020)",
-           align_activations, True, scratch=activation.scratch_bytes),
+           align_activations, scratch=activation.scratch_bytes),
     Method("learned", "Learned matching (one-sided)", "Git Re-Basin (ICLR 2023), straight-through "
-           "estimator", align_learned, True, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes,
+           "estimator", align_learned, DEFAULT_STEPS, TASK_STEPS, scratch=learned.scratch_bytes,
            options=LearnedOptions),
     Method("dual", "Dual learned matching", "docs/MATH.md section 4.5: both endpoints learn toward the shared path",
-           align_dual, True, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes, options=DualOptions),
+           align_dual, DEFAULT_STEPS, TASK_STEPS, scratch=dual.scratch_bytes, options=DualOptions),
 ]}
-
 
 
 def method_entry(name: str) -> Method:

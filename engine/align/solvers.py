@@ -165,17 +165,10 @@ def _nearest_identity(U: Tensor, Vh: Tensor, null: Tensor) -> Tensor:
 # GL(d): Q/K and V/O maps of a head (docs/MATH.md section 4.1, within-head maps)
 
 
-def gl_objective(A: Tensor, P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor) -> Tensor:
-    """||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2, summed over a stack; A [n, d, d], rows [n, N, d]."""
-    f = (P_A - P_B @ A).square().sum()
-    if Q_A.shape[-2]:
-        f = f + (Q_A - Q_B @ torch.linalg.inv(A).mT).square().sum()
-    return f
-
-
 def fit_gl(P_A: Tensor, P_B: Tensor, Q_A: Tensor, Q_B: Tensor, start: Tensor | None = None,
            max_iter: int | None = None) -> Tensor:
-    """A [n, d, d] in GL(d) minimising `gl_objective` for each of n independent stacks.
+    """A [n, d, d] in GL(d) minimising ||P_A - P_B A||^2 + ||Q_A - Q_B A^{-T}||^2 for each of n independent stacks
+    (rows [n, N, d]).
 
     P rows move by A (W_Q, or W_V), Q rows by A^{-T} (W_K, or W_O^T). Start: the best of the
     orthogonal Procrustes solution on the stacked [P; Q] (exact when A is orthogonal), the same in
