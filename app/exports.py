@@ -5,8 +5,7 @@
                    accuracy
     element_npz    the group element of an aligned record (alignment.element; dual runs also
                    alignment.element_a) as named NumPy arrays; element_json the same as JSON
-    figure_html    a figure as a self-contained HTML page (plotly.js inside: opens offline)
-    figures_html   several figures on one such page (plotly.js once)
+    figures_html   figures on one self-contained HTML page (plotly.js inside, once: opens offline)
     symmetry_json, symmetry_markdown   a symmetry report (engine.api's files)
 
 An exported figure is laid out to be read alone (paper_figure): every axis pushes the margins to fit
@@ -242,13 +241,6 @@ def paper_figure(fig: go.Figure, heading: str, subtitle: str = "") -> go.Figure:
     out.update_xaxes(showline=True, linecolor="#888888", gridcolor="#E5E5E5")
     out.update_yaxes(showline=True, linecolor="#888888", gridcolor="#E5E5E5")
     return out
-
-
-def figure_html(fig: go.Figure, config: Mapping | None = None, heading: str = "", subtitle: str = "") -> bytes:
-    """A self-contained interactive page of `fig` (plotly.js embedded: about 5 MB, works offline), laid out
-    by paper_figure."""
-    fig = paper_figure(fig, heading or figure_title(fig), subtitle)
-    return fig.to_html(full_html=True, include_plotlyjs=True, config=dict(config or {})).encode()
 
 
 def figure_title(fig: go.Figure) -> str:

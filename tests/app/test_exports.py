@@ -149,7 +149,7 @@ def test_figures_page_holds_every_figure_and_plotly_once(recs):
     assert page.count("Plotly.newPlot(") == 2  # one call per figure
     assert page.count(get_plotlyjs()) == 1  # the library once, for both
     assert "<h2>Loss &lt;path&gt;</h2>" in page and "<h2>Accuracy</h2>" in page
-    one = exports.figure_html(go.Figure(go.Scatter(x=[0, 1], y=[2, 3]))).decode()
+    one = exports.figures_html({"Line": go.Figure(go.Scatter(x=[0, 1], y=[2, 3]))}, "One").decode()
     assert one.lower().startswith("<!doctype html>") and one.count("Plotly.newPlot(") == 1
     assert one.count(get_plotlyjs()) == 1  # self-contained: opens offline
 
@@ -258,7 +258,7 @@ def test_exported_figures_have_full_axes_and_a_title_naming_pair_method_and_comm
     assert f"<p>engine commit {commit}</p>" in page.decode()
     assert fig.layout.margin.l == 10 and not fig.layout.title.text  # the app's figure is left as it was
     # one figure alone: the same layout
-    (_, one, _), = plots(exports.figure_html(fig, heading="Loss", subtitle=subtitle).decode())
+    (_, one, _), = plots(exports.figures_html({"Loss": fig}, "One figure", subtitle=subtitle).decode())
     assert one["yaxis"]["automargin"] is True and one["title"]["text"] == "Loss"
 
 
@@ -313,7 +313,6 @@ def test_no_export_holds_a_machine_path(tiny_env, recs):
     fig = path_figs.barrier_figure([rec], title=f"Loss of {a}", method_names={"weight": f"weight {b}"})
     subtitle = exports.describe([(rec, f"Weight matching on {a}")])
     no_machine_path(exports.figures_html({f"Loss {a}": fig}, f"LMC Explorer: {a}", {}, subtitle), "figures HTML")
-    no_machine_path(exports.figure_html(fig, subtitle=subtitle), "figure HTML")
     rep = symmetry_report(a)
     assert rep["model"] == a  # the engine names a directory by its path; the exports do not
     no_machine_path(exports.symmetry_json(rep), "symmetry JSON")
