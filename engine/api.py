@@ -75,7 +75,7 @@ from engine.history import compare as compare_runs  # noqa: F401
 from engine.history import finished as run_finished  # noqa: F401
 from engine.history import summary as run_summary  # noqa: F401
 from engine.memory import return_freed_memory  # noqa: F401
-from engine.models.base import Arch  # noqa: F401
+from engine.models.base import SCALED_MLPS, Arch  # noqa: F401
 from engine.pipeline import (  # noqa: F401
     ModelInfo,
     check_alpha,

@@ -383,7 +383,7 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
     s = ((torch.rand(arch.n_layers, m, generator=gen, dtype=torch.float64) * 2 - 1) * 0.5).exp()  # [L, m]
     if arch.mlp == "relu":
         s = s * torch.where(torch.arange(m) % 2 == 0, -1.0, 1.0).to(torch.float64)  # half the neurons flipped
-    branch = "W_gate" if arch.mlp == "swiglu" else "W_in"  # SwiGLU: the gate, whose silu is not homogeneous
+    branch = "W_gate" if arch.gated else "W_in"  # gated: the gate, whose silu / gelu is not homogeneous
     p = dict(params)
     for i in range(arch.n_layers):
         b = f"blocks.{i}.mlp"
@@ -392,11 +392,13 @@ def _break_transforms(arch: Arch, params: Params, seed: int) -> list[tuple[str, 
                 p[key] = params[key] * s[i].to(params[key].dtype)
         p[f"{b}.W_out"] = params[f"{b}.W_out"] / s[i, :, None].to(params[f"{b}.W_out"].dtype)
     name, desc = {"relu": ("relu_negative_scale", "negative neuron scaling of a ReLU MLP"),
-                  "swiglu": ("swiglu_gate_scale", "scaling the SwiGLU gate branch")}.get(
+                  "swiglu": ("swiglu_gate_scale", "scaling the SwiGLU gate branch"),
+                  "geglu": ("geglu_gate_scale", "scaling the GeGLU gate branch")}.get(
         arch.mlp, ("mlp_scale_nonhomogeneous", f"positive neuron scaling of a {arch.mlp} MLP"))
     out.append((name, desc, arch, p, ""))
-    if hkv < arch.n_heads:
-        # query heads moved between KV groups (with their W_O): GQA shares K and V within a group
+    if 1 < hkv < arch.n_heads:
+        # query heads moved between KV groups (with their W_O): GQA shares K and V within a group (multi-query
+        # attention has one group, whose query heads any permutation may move: the head class itself)
         cross = torch.roll(torch.arange(arch.n_heads), 1)  # [h] head i takes head i-1: crosses groups
         p = dict(params)
         for i in range(arch.n_layers):

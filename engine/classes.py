@@ -38,8 +38,8 @@ def rewrite_refusal(arch: Arch) -> str | None:
         return "a post-LayerNorm stream is normalised after every add, where only permutations are exact (docs/MATH.md section 9)"
     if arch.norm == "layernorm" and arch.pe == "sinusoidal":
         return "a LayerNorm model with a fixed sinusoidal table cannot be rewritten as RMSNorm (the table is not centred)"
-    if arch.norm == "layernorm" and arch.mlp == "swiglu" and arch.norm_bias:
-        return "a SwiGLU model with LayerNorm biases cannot be rewritten as RMSNorm (the gate has no bias to absorb them)"
+    if arch.norm == "layernorm" and arch.gated and arch.norm_bias:
+        return "a gated-MLP model with LayerNorm biases cannot be rewritten as RMSNorm (the gate has no bias to absorb them)"
     return None
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.models.base import Arch
+from engine.models.base import SCALED_MLPS, Arch
 from engine.models.reference import sinusoidal_table
 from engine.spec import check_arch
 
@@ -48,8 +48,8 @@ def group_dimension(arch: Arch, centred: bool | None = None) -> dict:
     vo = hkv * d * d
     kb = hkv * (d - r) if arch.attn_bias and not arch.qk_norm else 0
     vb = hkv * d if arch.attn_bias and arch.out_bias else 0
-    ms = m if arch.mlp in ("relu", "swiglu") else 0
-    gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.mlp == "swiglu" else 1) if centred else 0
+    ms = m if arch.mlp in SCALED_MLPS else 0
+    gauge = arch.n_heads * d + 2 * hkv * d + m * (2 if arch.gated else 1) if centred else 0
     head_gauge = arch.n_out if centred and not arch.tied_embeddings else 0
     if centred and arch.post_norm:  # the head's dense layer reads the last stream norm (docs/MATH.md section 9)
         head_gauge += D

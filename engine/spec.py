@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import SpecError
-from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Params
+from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, SCALED_MLPS, Arch, Params
 
 KINDS = ("heads", "mlp", "mlp_scale", "qk", "vo", "residual_perm", "residual_orth")
 STRUCTURES = ("permutation", "orthogonal", "gl", "rope_commutant", "rope_qk_norm", "positive_scaling",
@@ -107,7 +107,7 @@ class Spec:
             gqa = " (KV groups to KV groups)" if a.n_kv_heads != a.n_heads else ""
             return f"S_{a.n_heads} head permutation{gqa}"
         if kind == "mlp":
-            return f"S_{a.d_mlp} neuron permutation" + (" (gate and up tied)" if a.mlp == "swiglu" else "")
+            return f"S_{a.d_mlp} neuron permutation" + (" (gate and up tied)" if a.gated else "")
         if kind == "mlp_scale":
             return "positive neuron scaling" if a.mlp == "relu" else "nonzero up-branch scaling"
         if kind == "qk":
@@ -163,7 +163,7 @@ def check_arch(arch: Arch) -> None:
 def arch_kinds(arch: Arch) -> tuple[str, ...]:
     """KINDS with a nontrivial group in this architecture (a spec's `kinds`, from the Arch alone); a post-norm
     stream has no rotations (docs/MATH.md section 9)."""
-    return tuple(k for k in KINDS if (k != "mlp_scale" or arch.mlp in ("relu", "swiglu"))
+    return tuple(k for k in KINDS if (k != "mlp_scale" or arch.mlp in SCALED_MLPS)
                  and (k != "residual_orth" or not arch.post_norm))
 
 
@@ -233,12 +233,12 @@ def _expected(arch: Arch, params: Params) -> dict[str, tuple[Shape, Axes]]:
         if arch.out_bias:
             out[f"{b}.attn.b_O"] = ((D,), ((W,),))
         norm(f"{b}.norm2")
-        scaled = arch.mlp in ("relu", "swiglu")  # docs/MATH.md section 2: only these have a scaling group
+        scaled = arch.mlp in SCALED_MLPS  # docs/MATH.md section 2: only these have a scaling group
         up = (Pm, S) if scaled else (Pm,)
         out[f"{b}.mlp.W_in"] = ((D, m), ((Rd,), up))
         if arch.mlp_bias:
             out[f"{b}.mlp.b_in"] = ((m,), (up,))
-        if arch.mlp == "swiglu":
+        if arch.gated:
             out[f"{b}.mlp.W_gate"] = ((D, m), ((Rd,), (Pm,)))  # gate shares the permutation, never scaled
         out[f"{b}.mlp.W_out"] = ((m, D), ((Pm, Si) if scaled else (Pm,), (W,)))
         if arch.mlp_bias:
@@ -329,7 +329,7 @@ def build_spec(arch: Arch, params: Params) -> Spec:
             groups[f"{b}.qk"] = Group(f"{b}.qk", ("qk",), "gl", a.n_kv_heads, a.d_head, layer)
         groups[f"{b}.vo"] = Group(f"{b}.vo", ("vo",), "gl", a.n_kv_heads, a.d_head, layer)
         groups[f"{b}.mlp"] = Group(f"{b}.mlp", ("mlp",), "permutation", 1, a.d_mlp, layer)
-        if a.mlp in ("relu", "swiglu"):
+        if a.mlp in SCALED_MLPS:
             groups[f"{b}.mlp_scale"] = Group(f"{b}.mlp_scale", ("mlp_scale",),
                                              "positive_scaling" if a.mlp == "relu" else "nonzero_scaling",
                                              1, a.d_mlp, layer)

@@ -40,7 +40,7 @@ def _readers(arch: Arch, norm: str, layer: int | None) -> list[tuple[str, str | 
     if norm == "norm1":
         return [(f"{b}.attn.W_{x}", f"{b}.attn.b_{x}", "D,hDd->hd") for x in "QKV"]
     rs = [(f"{b}.mlp.W_in", f"{b}.mlp.b_in", "D,Dm->m")]
-    if arch.mlp == "swiglu":
+    if arch.gated:
         rs.append((f"{b}.mlp.W_gate", None, "D,Dm->m"))  # the gate has no bias in the canonical layout
     return rs
 
@@ -134,8 +134,8 @@ def layernorm_to_rmsnorm_(arch: Arch, params: Params) -> tuple[Arch, Params]:
     D = arch.d_model
     p = dict(params)
     beta = {name: p.get(f"{name}.b") for name, _ in _norms(arch)}
-    if arch.mlp == "swiglu" and any(b is not None and bool((b != 0).any()) for n, b in beta.items() if "norm2" in n):
-        raise SpecError("A SwiGLU model with a LayerNorm bias cannot be rewritten: the gate branch has no bias "
+    if arch.gated and any(b is not None and bool((b != 0).any()) for n, b in beta.items() if "norm2" in n):
+        raise SpecError("A gated-MLP model with a LayerNorm bias cannot be rewritten: the gate branch has no bias "
                         "to absorb it.")
     bias = arch.attn_bias or arch.out_bias or arch.mlp_bias or arch.norm_bias
     g_f, b_f = p["norm_f.g"], beta["norm_f"]
@@ -208,7 +208,7 @@ def reference_config_from_arch(arch: Arch, *, in_chans: int | None = None, patch
         "norm": a.norm, "norm_eps": a.norm_eps, "mlp": a.mlp, "bias": bias, "qkv_bias": a.attn_bias and not bias,
         "head_bias": a.head_bias,
         "tied_embeddings": a.tied_embeddings, "parallel_residual": a.parallel_residual, "qk_norm": a.qk_norm,
-        "rope_scaling": a.rope_scaling,
+        "rope_scaling": a.rope_scaling, "embed_scale": a.embed_scale,
     }
     if a.task == "lm":
         kw.update(vocab_size=a.n_out, n_ctx=a.n_ctx)

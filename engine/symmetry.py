@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from engine.errors import SpecError
-from engine.models.base import Arch, Params
+from engine.models.base import SCALED_MLPS, Arch, Params
 from engine.models.reference import rope_pairs
 from engine.spec import KINDS, ParamSpec, Spec, build_spec, check_arch
 
@@ -195,9 +195,9 @@ def sample(arch: Arch, kinds: Iterable[str] = KINDS, seed: int = 0, dtype: torch
         vo = random_gl(arch.d_head, hkv, gen) if "vo" in kinds else el.vo
         mlp_perm = torch.randperm(m, generator=gen) if "mlp" in kinds else el.mlp_perm
         scale = el.mlp_scale
-        if "mlp_scale" in kinds and arch.mlp in ("relu", "swiglu"):
+        if "mlp_scale" in kinds and arch.mlp in SCALED_MLPS:
             scale = ((torch.rand(m, generator=gen, dtype=torch.float64) * 2 - 1) * LOG_SPREAD).exp()  # [m]
-            if arch.mlp == "swiglu":  # docs/MATH.md section 2: any nonzero scale on the up branch
+            if arch.gated:  # docs/MATH.md section 2: any nonzero scale on the up branch
                 scale = scale * (torch.randint(0, 2, (m,), generator=gen) * 2 - 1)
         layers.append(LayerElement(head_perm, qk.to(dtype), vo.to(dtype), mlp_perm, scale.to(dtype)))
     residual = base.residual
@@ -298,9 +298,9 @@ def _check_membership(spec: Spec, g: GroupElement) -> None:
         s = el.mlp_scale
         if arch.mlp == "relu" and not bool((s > 0).all()):
             raise SpecError(f"Layer {i}: ReLU neurons only allow positive scales (docs/MATH.md section 2).")
-        if arch.mlp == "swiglu" and not bool((s != 0).all()):
-            raise SpecError(f"Layer {i}: SwiGLU up-branch scales must be nonzero.")
-        if arch.mlp not in ("relu", "swiglu") and not bool(((s - 1).abs() <= tol).all()):
+        if arch.gated and not bool((s != 0).all()):
+            raise SpecError(f"Layer {i}: {arch.mlp} up-branch scales must be nonzero.")
+        if arch.mlp not in SCALED_MLPS and not bool(((s - 1).abs() <= tol).all()):
             raise SpecError(f"Layer {i}: a {arch.mlp} MLP has no neuron scaling symmetry (docs/MATH.md section 2).")
     O = g.residual.to(torch.float64)
     if float((O.T @ O - torch.eye(O.shape[0], dtype=O.dtype)).abs().max()) > tol:

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from engine.models.base import GATED_MLPS
 from engine.progress import PHASES
 
 # ---------------------------------------------------------------------------------------------
@@ -205,7 +206,7 @@ def seq_positions(arch: dict) -> int:
 def layer_params(arch: dict) -> int:
     """Weights of one block's products (Q, K, V, O, the MLP's two or three matrices)."""
     z = sizes(arch)
-    mats = 3 if arch.get("mlp") == "swiglu" else 2
+    mats = 3 if arch.get("mlp") in GATED_MLPS else 2
     return z.d * z.h * z.dh + 2 * z.d * z.hkv * z.dh + z.h * z.dh * z.d + mats * z.d * z.m
 
 

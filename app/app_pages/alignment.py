@@ -105,7 +105,7 @@ def classes_table(rec: dict) -> None:
 
 def unused_reason(c: str, used: list[str], arch: dict) -> str:
     """Why a class is missing, for records without classes_left_out (docs/MATH.md sections 2-3); '' otherwise."""
-    if c == "mlp_scale" and arch.get("mlp") and arch["mlp"] not in ("relu", "swiglu"):
+    if c == "mlp_scale" and arch.get("mlp") and arch["mlp"] not in api.SCALED_MLPS:
         return f": not a symmetry of a {arch['mlp']} MLP"
     if c == "residual_perm" and "residual_orth" in used:
         return ": the rotations contain it"

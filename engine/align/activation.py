@@ -149,7 +149,7 @@ def hidden(arch: Arch, p: Params, layer: int, x: Tensor) -> Tensor:
     """Post-nonlinearity hidden activations [B*T, m] of block `layer`'s MLP."""
     b = f"blocks.{layer}.mlp"
     u = x @ p[f"{b}.W_in"] + p.get(f"{b}.b_in", 0)  # [B, T, m]
-    a = mlp_activation(arch.mlp, u, x @ p[f"{b}.W_gate"] if arch.mlp == "swiglu" else None)
+    a = mlp_activation(arch.mlp, u, x @ p[f"{b}.W_gate"] if arch.gated else None)
     return a.flatten(0, 1)  # [B*T, m]
 
 
@@ -237,7 +237,7 @@ def activation_match(pair: Pair, kinds: frozenset[str], inputs: Tensor, qk_struc
         mp = torch.arange(arch.d_mlp)
         c = correlation(ha, hb)  # [m, m]
         if "mlp" in kinds:
-            signed = "mlp_scale" in kinds and arch.mlp == "swiglu"
+            signed = "mlp_scale" in kinds and arch.gated
             mp = assignment(c.abs() if signed else c)
         corr.append(float(c[torch.arange(arch.d_mlp), mp].mean()))
         s = torch.ones(arch.d_mlp, dtype=F64)

@@ -13,6 +13,7 @@ import torch
 from engine.errors import ModelError
 from engine.models import (
     hf_bert,
+    hf_gemma,
     hf_gpt2,
     hf_llama,
     hf_mistral,
@@ -39,6 +40,7 @@ FAMILIES: dict[str, Family] = {
     hf_qwen3.ENTRY.name: hf_qwen3.ENTRY,
     hf_mistral.ENTRY.name: hf_mistral.ENTRY,
     hf_olmo.ENTRY.name: hf_olmo.ENTRY,
+    hf_gemma.ENTRY.name: hf_gemma.ENTRY,
     timm_vit.ENTRY.name: timm_vit.ENTRY,
     hf_bert.ENTRY.name: hf_bert.ENTRY,
     hf_roberta.ENTRY.name: hf_roberta.ENTRY,

@@ -51,7 +51,9 @@ Params = dict[str, torch.Tensor]
 PE_KINDS = ("none", "learned", "sinusoidal", "rope")
 ROPE_LAYOUTS = ("interleaved", "half")
 NORM_KINDS = ("layernorm", "rmsnorm")
-MLP_KINDS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu")
+MLP_KINDS = ("gelu", "gelu_tanh", "relu", "silu", "swiglu", "geglu")
+GATED_MLPS = ("swiglu", "geglu")  # act(x W_gate) * (x W_in): silu (SwiGLU) or tanh-approximated gelu (GeGLU)
+SCALED_MLPS = ("relu", *GATED_MLPS)  # the MLPs with a neuron scaling group (docs/MATH.md section 2)
 
 
 @dataclass(frozen=True)
@@ -88,10 +90,17 @@ class Arch:
     # RoPE frequencies scaled beyond the base (Llama 3's "llama3", "linear"): reference.rope_scaling's canonical
     # JSON; "" for standard RoPE. The group is the same (the scaled frequencies stay distinct); the function differs
     rope_scaling: str = ""
+    embed_scale: float = 1.0  # the token embedding times this as it enters the stream (Gemma: sqrt(D)); the head reads E
+
+    @property
+    def gated(self) -> bool:
+        """Whether the MLP is gated (GATED_MLPS): a gate branch beside the up branch, permuted with it."""
+        return self.mlp in GATED_MLPS
 
     def to_dict(self) -> dict:
-        # rope_scaling only when set: the records and reports of standard RoPE read and compare as they were written
-        return {k: v for k, v in asdict(self).items() if k != "rope_scaling" or v}
+        # rope_scaling and embed_scale only when set: the records and reports of other models read and compare as
+        # they were written
+        return {k: v for k, v in asdict(self).items() if (k != "rope_scaling" or v) and (k != "embed_scale" or v != 1)}
 
     def mismatch(self, other: Arch) -> str | None:
         """The first field in which two architectures differ, as a phrase, or None."""

@@ -41,7 +41,8 @@ Refuse = Callable[[str, str], None]  # refuse(option, why) raises the family's o
 @dataclass(frozen=True)
 class Conv:
     """One native tensor <-> its canonical tensors (several for a fused projection): `to` and `back` are
-    linear and each other's inverse; `to` returns views of the native tensor where the layout allows."""
+    affine (linear but for Gemma's norm offset) and each other's inverse, so a path in either layout is the same
+    path; `to` returns views of the native tensor where the layout allows."""
 
     to: Callable[[torch.Tensor, Arch], Sequence[torch.Tensor]]
     back: Callable[[Sequence[torch.Tensor], Arch], torch.Tensor]

@@ -2,7 +2,7 @@
 
 The controlled instrument for comparing positional encodings: `pe` in {none, learned, sinusoidal,
 rope} (RoPE pairing interleaved or half-split, optionally partial), `norm` in {layernorm, rmsnorm},
-`mlp` in {gelu, gelu_tanh, relu, silu, swiglu}, optional biases (all of them, or on Q, K and V alone as
+`mlp` in {gelu, gelu_tanh, relu, silu, swiglu, geglu}, optional biases (all of them, or on Q, K and V alone as
 in Qwen2), a sequential or parallel (GPT-NeoX) residual, and QK-norm (a per-head RMSNorm on queries and
 keys before RoPE, one gain [d_head] each per layer, as in Qwen3). Everything but the chosen options
 is identical across variants. Parameters are stored directly in the canonical head-explicit layout
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.errors import ModelError
-from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Family, Model, Params
+from engine.models.base import GATED_MLPS, MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS, Arch, Family, Model, Params
 from engine.models.io import check_dataclass_fields
 
 FAMILY = "reference"
@@ -58,6 +58,7 @@ class RefConfig:
     parallel_residual: bool = False  # x + attn(norm1(x)) + mlp(norm2(x)): both branches read the same x
     qk_norm: bool = False  # RMSNorm over each head's q and k (gains [d_head] shared by the heads), before RoPE
     rope_scaling: str = ""  # a RoPE frequency scaling (rope_scaling(); ROPE_SCALINGS), "" for standard RoPE
+    embed_scale: float = 1.0  # LM: the token embedding times this as it enters the stream (Gemma: sqrt(D)); not the head
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -68,6 +69,10 @@ class RefConfig:
             "n_layers", "d_model", "n_heads", "d_mlp", "vocab_size", "n_ctx", "image_size",
             "patch_size", "in_chans", "n_classes"))  # types and ranges first: "4" or 0 heads, by name
         need(self.pe != "rope" or self.rope_base > 0, f"rope_base must be positive with RoPE, not {self.rope_base}")
+        need(isinstance(self.embed_scale, (int, float)) and not isinstance(self.embed_scale, bool)
+             and math.isfinite(self.embed_scale) and self.embed_scale > 0,
+             f"embed_scale must be a positive finite number, not {self.embed_scale!r}")
+        need(self.embed_scale == 1 or self.task == "lm", "embed_scale scales token embeddings: an LM's only")
 
         need(self.task in ("lm", "vit"), f"task must be lm or vit, not {self.task!r}")
         need(self.pe in PE_KINDS, f"pe must be one of {PE_KINDS}, not {self.pe!r}")
@@ -104,9 +109,10 @@ class RefConfig:
     n_out = property(lambda s: s.vocab_size if s.task == "lm" else s.n_classes)
 
     def to_dict(self) -> dict:
-        # qk_norm and rope_scaling only when set, so that configs without them (the zoo's) read and compare as they
-        # were written
-        return {"family": FAMILY, **{k: v for k, v in asdict(self).items() if k not in ("qk_norm", "rope_scaling") or v}}
+        # qk_norm, rope_scaling and embed_scale only when set, so that configs without them (the zoo's) read and
+        # compare as they were written
+        unset = {"qk_norm": False, "rope_scaling": "", "embed_scale": 1.0}
+        return {"family": FAMILY, **{k: v for k, v in asdict(self).items() if k not in unset or v != unset[k]}}
 
     @classmethod
     def from_dict(cls, d: dict) -> RefConfig:
@@ -127,6 +133,7 @@ class RefConfig:
             mlp_bias=self.bias, head_bias=self.head_bias,
             tied_embeddings=self.tied_embeddings and self.task == "lm", causal=self.task == "lm",
             parallel_residual=self.parallel_residual, qk_norm=self.qk_norm, rope_scaling=self.rope_scaling,
+            embed_scale=float(self.embed_scale),
         )
 
 
@@ -283,9 +290,11 @@ class Attention(nn.Module):
 
 
 def mlp_activation(kind: str, u: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-    """The MLP's hidden activations from its pre-activations u (and, for SwiGLU, the gate's)."""
+    """The MLP's hidden activations from its pre-activations u (and, for a gated MLP, the gate's)."""
     if kind == "swiglu":
         return F.silu(gate) * u
+    if kind == "geglu":
+        return F.gelu(gate, approximate="tanh") * u
     if kind == "gelu":
         return F.gelu(u)
     if kind == "gelu_tanh":
@@ -301,7 +310,7 @@ class MLP(nn.Module):
         D, m = cfg.d_model, cfg.d_mlp
         self.kind, self.bias = cfg.mlp, cfg.bias
         self.W_in = nn.Parameter(torch.empty(D, m))
-        if cfg.mlp == "swiglu":
+        if cfg.mlp in GATED_MLPS:
             self.W_gate = nn.Parameter(torch.empty(D, m))
         self.W_out = nn.Parameter(torch.empty(m, D))
         if cfg.bias:
@@ -310,7 +319,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         u = F.linear(x, self.W_in.T, self.b_in if self.bias else None)  # [B, T, m], the bias added by the product
-        a = mlp_activation(self.kind, u, x @ self.W_gate if self.kind == "swiglu" else None)
+        a = mlp_activation(self.kind, u, x @ self.W_gate if self.kind in GATED_MLPS else None)
         return F.linear(a, self.W_out.T, self.b_out if self.bias else None)  # [B, T, D]
 
 
@@ -398,6 +407,8 @@ class Transformer(nn.Module):
         cfg = self.cfg
         if cfg.task == "lm":
             x = self.embed.tok[inputs]  # [B, T, D]
+            if cfg.embed_scale != 1:  # as Gemma: the scale in the weights' dtype, the head reading E unscaled
+                x = x * torch.tensor(cfg.embed_scale, dtype=x.dtype, device=x.device)
         else:
             B, C, H, W = inputs.shape
             p = cfg.patch_size

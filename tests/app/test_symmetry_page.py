@@ -36,8 +36,9 @@ def metrics(at) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("preset", "phrase"), [("Llama-3.2-1B (RoPE frequency scaling)", "llama3 frequency scaling"),
-                                                ("OLMo-1B (LayerNorm without parameters)", "hf_olmo LM")])
-def test_the_llama_3_and_olmo_presets_read_and_keep_the_rope_group(preset: str, phrase: str):
+                                                ("OLMo-1B (LayerNorm without parameters)", "hf_olmo LM"),
+                                                ("Gemma-2B (multi-query, GeGLU)", "hf_gemma LM")])
+def test_the_llama_3_olmo_and_gemma_presets_read_and_keep_the_rope_group(preset: str, phrase: str):
     from app.app_pages.symmetry import PRESETS
 
     at = page("preset")

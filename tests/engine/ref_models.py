@@ -82,7 +82,7 @@ def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
 
 
 def _hf_cases() -> dict:
-    from engine.models import hf_gpt2, hf_llama, hf_mistral, hf_olmo, hf_qwen2, hf_qwen3, timm_vit
+    from engine.models import hf_gemma, hf_gpt2, hf_llama, hf_mistral, hf_olmo, hf_qwen2, hf_qwen3, timm_vit
 
     llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
@@ -109,6 +109,10 @@ def _hf_cases() -> dict:
         # QK-norm, with biases on all four attention projections (randomised: HF initialises them to zero)
         "hf_qwen3": lambda: _with_qkv_biases(hf_qwen3.build({**llama, "head_dim": 8, "attention_bias": True}, seed=0,
                                                             dtype=F64)),  # Qwen3Config's own head_dim is 128
+        # gains stored as offsets from 1, the embedding scaled by sqrt(D), GeGLU, multi-query, tied, no biases (as
+        # the released models)
+        "hf_gemma": lambda: hf_gemma.build({**llama, "num_key_value_heads": 1, "head_dim": 8,
+                                            "hidden_act": "gelu_pytorch_tanh"}, seed=0, dtype=F64),
         "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
                                             "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
                                            seed=0, dtype=F64),
@@ -123,7 +127,7 @@ REF_CASES = {
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
     "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_llama_llama3", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_llama_llama3", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "timm_vit"]
 
 
 def make_case(name: str) -> Model:
@@ -138,13 +142,15 @@ def make_case(name: str) -> Model:
 def planted(a: Model, seed: int = 3):
     """B = g*(A) for a random g* of every default class (A norm-folded first when g* rotates).
 
-    The default rotates a LayerNorm model's residual stream after rewriting it as RMSNorm; a rotation
-    planted there would make B a reference-family twin, so B gets a residual permutation in A's own
-    coordinates instead (same family), which the rewrite carries over exactly: centring commutes with
-    permutations and the permuted gains fold into the permuted readers. Returns B, g*, the default classes.
+    The default rotates a LayerNorm model's residual stream after rewriting it as RMSNorm, and unties a tied
+    head whose final gain is not 1 (Gemma's); a rotation planted there would make B a reference-family twin, so
+    B gets a residual permutation in A's own coordinates instead (same family), which the rewrite carries over
+    exactly: centring commutes with permutations and the permuted gains fold into the permuted readers. Returns
+    B, g*, the default classes.
     """
     kinds = default_classes(build_spec(a.arch, canonical(a)))
-    plant = kinds - {"residual_orth"} | {"residual_perm"} if a.arch.norm == "layernorm" else kinds
+    rewritten = a.arch.norm == "layernorm" or a.arch.tied_embeddings
+    plant = kinds - {"residual_orth"} | {"residual_perm"} if rewritten else kinds
     pair = prepare_pair(a, a, plant)
     g = sample(pair.arch, plant, seed=seed)
     b = model_for(pair.model_a, pair.arch, apply(pair.arch, g, pair.params_a))

@@ -24,6 +24,7 @@ from engine.models import (
     canonical,
     family_of,
     hf_bert,
+    hf_gemma,
     hf_gpt2,
     hf_llama,
     hf_mistral,
@@ -52,6 +53,8 @@ LLAMA_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num
 QWEN2_CFG = {**LLAMA_CFG, "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
 MISTRAL_CFG = {**LLAMA_CFG, "head_dim": 12, "tie_word_embeddings": True}
 QWEN3_CFG = {**LLAMA_CFG, "head_dim": 12}
+# Gemma: multi-query attention as gemma-2b, heads wider than D / h, GeGLU, tied (its default)
+GEMMA_CFG = {**LLAMA_CFG, "num_key_value_heads": 1, "head_dim": 12, "hidden_act": "gelu_pytorch_tanh"}
 BERT_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "layer_norm_eps": 1e-5}
 # RoBERTa numbers positions from pad_token_id + 1 (1 here): 18 rows hold a context of 16
@@ -148,6 +151,14 @@ CASES = {
         norm_eps=1e-5, mlp="swiglu")),
     "hf_olmo_bias_tied": Case("hf_olmo", lambda s: hf_olmo.build(
         {**OLMO_CFG, "tie_word_embeddings": True, "attention_bias": True}, seed=s, dtype=F64), None),
+    # Gemma: gains stored as offsets from 1 (randomised around 1 natively: canonical gains around 2), the embedding
+    # scaled by sqrt(D) as it enters, GeGLU, MQA; and untied with biases on all four attention projections (no
+    # reference twin: its biases are all or Q/K/V alone)
+    "hf_gemma": Case("hf_gemma", lambda s: hf_gemma.build(GEMMA_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=1, d_head=12, d_mlp=64, pe="rope", rope_layout="half", rope_base=500.0,
+        norm="rmsnorm", norm_eps=1e-5, mlp="geglu", tied_embeddings=True, embed_scale=hf_gemma.embed_scale(32))),
+    "hf_gemma_bias_untied": Case("hf_gemma", lambda s: hf_gemma.build(
+        {**GEMMA_CFG, "tie_word_embeddings": False, "attention_bias": True}, seed=s, dtype=F64), None),
     # Pythia layout: partial RoPE, parallel residual, untied; and the sequential, tied variant
     "hf_neox": Case("hf_neox", lambda s: hf_neox.build(NEOX_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
@@ -252,7 +263,7 @@ def test_canonical_shapes_follow_the_arch(case: Case):
         assert p[f"blocks.{l}.attn.W_O"].shape == (h, d, D)
         assert p[f"blocks.{l}.mlp.W_in"].shape == (D, m) and p[f"blocks.{l}.mlp.W_out"].shape == (m, D)
         assert (f"blocks.{l}.attn.b_Q" in p) == a.attn_bias and (f"blocks.{l}.norm1.b" in p) == a.norm_bias
-        assert (f"blocks.{l}.mlp.W_gate" in p) == (a.mlp == "swiglu")
+        assert (f"blocks.{l}.mlp.W_gate" in p) == a.gated
     assert ("head.W" in p) == (not a.tied_embeddings)
     assert ("embed.pos" in p) == (a.pe == "learned")
     if a.pe == "learned":  # RoBERTa's table starts with the rows up to its padding id
@@ -296,7 +307,7 @@ def test_canonical_params_run_in_the_reference_family(name: str):
     ("hf_llama", hf_llama, "Llama", "RMSNorm"), ("hf_llama_llama3", hf_llama, "Llama", "RMSNorm"),
     ("hf_qwen2", hf_qwen2, "Qwen2", "RMSNorm"), ("hf_qwen2_linear_rope", hf_qwen2, "Qwen2", "RMSNorm"),
     ("hf_qwen3", hf_qwen3, "Qwen3", "RMSNorm"), ("hf_mistral", hf_mistral, "Mistral", "RMSNorm"),
-    ("hf_olmo", hf_olmo, "Olmo", "LayerNorm")], ids=lambda a: a if isinstance(a, str) else "")
+    ("hf_olmo", hf_olmo, "Olmo", "LayerNorm"), ("hf_gemma", hf_gemma, "Gemma", "RMSNorm")], ids=lambda a: a if isinstance(a, str) else "")
 def test_stock_hf_llama_is_only_float32_accurate_in_float64(name: str, adapter, prefix: str, norm: str):
     """Why the Llama-layout adapters swap in float64-faithful norms and RoPE (engine/models/hf_decoder.py,
     hf_olmo.py); with a frequency scaling, also that the reference family's scaled frequencies are
@@ -326,10 +337,13 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(name: str, adapter, 
     (hf_mistral, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
     (hf_olmo, {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     (hf_olmo, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
+    (hf_gemma, {"hidden_act": "silu"}, "hidden_act='silu'"),
+    (hf_gemma, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
 ])
 def test_unsupported_configs_are_refused_before_building(adapter, change: dict, option: str):
+    base = {hf_olmo: OLMO_CFG, hf_gemma: GEMMA_CFG}.get(adapter, LLAMA_CFG)
     with pytest.raises(ModelError) as e:
-        adapter.build({**(OLMO_CFG if adapter is hf_olmo else LLAMA_CFG), **change})
+        adapter.build({**base, **change})
     msg = str(e.value)
     assert option in msg and "\n" not in msg and msg.startswith(f"{adapter.HF.config_name} config uses"), msg
 
@@ -415,7 +429,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_neox", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture
@@ -504,6 +518,7 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     ("hf_mistral", {"sliding_window": 8}, "sliding_window=8"),
     ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ("hf_olmo", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
+    ("hf_gemma", {"hidden_act": "relu"}, "hidden_act='relu'"),
     ("hf_bert", {"tie_word_embeddings": False}, "tie_word_embeddings=False"),
     ("hf_bert", {"hidden_size": 30}, "hidden_size=30 with 4 heads"),
     ("hf_roberta", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
@@ -556,9 +571,10 @@ def test_adapter_views_alias_the_module_and_canonical_copies_do_not(case: Case):
     views, copies = FAMILIES[case.family].to_canonical(model), canonical(model)
     assert views.keys() == copies.keys()
     shared = [k for k, v in views.items() if v.untyped_storage().data_ptr() in storages]
-    # OLMo stores no norm gains: its canonical gains of 1 are tensors of their own
-    unstored = [k for k in views if case.family == hf_olmo.FAMILY and k.endswith(hf_olmo.NORMS)]
-    assert len(unstored) == (2 * model.arch.n_layers + 1 if case.family == hf_olmo.FAMILY else 0)
+    # OLMo stores no norm gains, Gemma stores them less 1: their canonical gains are tensors of their own
+    own = {hf_olmo.FAMILY: hf_olmo.NORMS, hf_gemma.FAMILY: hf_gemma.NORMS}.get(case.family)
+    unstored = [k for k in views if own and k.endswith(own)]
+    assert len(unstored) == (2 * model.arch.n_layers + 1 if own else 0)
     assert len(shared) + len(unstored) >= len(views) - 2  # at most a couple of reshaped copies (e.g. a fused layout)
     assert not any(v.untyped_storage().data_ptr() in storages for v in copies.values())
     assert all(torch.equal(views[k], copies[k]) for k in views)
@@ -603,6 +619,38 @@ def test_published_qwen2_and_mistral_configs_and_their_group_dimensions():
     with pytest.raises(ModelError, match="sliding_window=4096") as e:
         arch_from_config({**MISTRAL_7B, "sliding_window": 4096}, "Mistral-7B-v0.1's config.json")
     assert str(e.value).startswith("Mistral-7B-v0.1's config.json uses sliding_window=4096") and "\n" not in str(e.value)
+
+
+# gemma-2b's config.json (its legacy hidden_act "gelu" is read by transformers as gelu_pytorch_tanh)
+GEMMA_2B = {"architectures": ["GemmaForCausalLM"], "model_type": "gemma", "attention_bias": False,
+            "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "head_dim": 256, "hidden_act": "gelu",
+            "hidden_size": 2048, "intermediate_size": 16384, "max_position_embeddings": 8192,
+            "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1, "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0, "vocab_size": 256000, "torch_dtype": "bfloat16"}
+
+
+def test_gemma_its_published_config_and_its_group_exactly():
+    """gemma-2b's config read without weights (GeGLU, multi-query, heads of 256, the embedding scaled by sqrt(2048)
+    at float32); on a small Gemma every default class keeps the function to float64 rounding, gains stored less 1
+    included, and the transforms outside the group (the GeGLU gate scaled among them) change it."""
+    from engine.checks import break_tests, invariance_checks
+    from engine.groups import group_dimension
+    from engine.models import arch_from_config
+
+    a = arch_from_config(GEMMA_2B)
+    assert (a.family, a.mlp, a.n_heads, a.n_kv_heads, a.d_head, a.tied_embeddings) == ("hf_gemma", "geglu", 8, 1, 256,
+                                                                                       True)
+    assert a.embed_scale == float(torch.tensor(2048**0.5, dtype=torch.float32)) != 2048**0.5
+    assert group_dimension(a)["by_kind"]["mlp_scale"] == 18 * 16384  # the up branch scales, as SwiGLU's
+    model = randomise(CASES["hf_gemma"].build(0), 3)
+    p = canonical(model)
+    assert torch.equal(p["norm_f.g"], model.module.model.norm.weight.detach() + 1)  # the gain is 1 + the stored weight
+    x = inputs(CASES["hf_gemma"])
+    rows = {r["group"]: r for r in invariance_checks(model, k=2, inputs=x)}
+    assert {"heads", "mlp", "mlp_scale", "qk", "vo", "residual_orth"} <= set(rows)
+    assert all(r["exact"] and r["max_rel_change"] < 1e-10 for r in rows.values()), rows
+    broken = {r["group"]: r["max_rel_change"] for r in break_tests(model, inputs=x)}
+    assert "geglu_gate_scale" in broken and all(v > 1e-3 for v in broken.values()), broken
 
 
 # ---------------------------------------------------------------------------------------------

@@ -384,6 +384,7 @@ CASES: dict[str, Case] = {
     "config-zero-heads": (lambda c: [I, c.a, c.model(edit=_setitem("n_heads", 0))], "n_heads"),
     "config-negative-layers": (lambda c: [I, c.a, c.model(edit=_setitem("n_layers", -1))], "n_layers"),
     "config-bool-size": (lambda c: [I, c.a, c.model(edit=_setitem("d_mlp", True))], "d_mlp"),
+    "config-embed-scale-zero": (lambda c: [I, c.a, c.model(edit=_setitem("embed_scale", 0.0))], "embed_scale"),
     "config-nested-junk": (lambda c: [I, c.a, c.model(edit=_setitem("norm_eps", {"a": [1, {"b": None}]}))],
                            "norm_eps"),
     "config-nan": (lambda c: [I, c.a, _write(c, '{"family": "reference", "norm_eps": NaN}')], "NaN"),

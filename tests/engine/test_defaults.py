@@ -21,6 +21,7 @@ from engine.errors import LMCError
 from engine.evaluate import eval_set_for
 from engine.interpolate import LinearPath
 from engine.models import Model, canonical, load_model, model_logits, save_model, set_canonical
+from engine.models.base import SCALED_MLPS
 from engine.models.reference import RefConfig, build
 from engine.results import RunConfig
 from engine.spec import KINDS, build_spec
@@ -61,7 +62,7 @@ def _families() -> dict[str, Model]:
 def test_every_family_with_an_exact_residual_map_rotates_it_by_default_for_every_aligner():
     for name, m in _families().items():
         spec = build_spec(m.arch, canonical(m, copy=False))
-        scaled = {"mlp_scale"} if m.arch.mlp in ("relu", "swiglu") else set()
+        scaled = {"mlp_scale"} if m.arch.mlp in SCALED_MLPS else set()
         for method in ("weight", "activation", "learned", "dual"):
             c = choose_classes(m.arch, method)
             assert c.classes == EXACT | scaled | {"residual_orth"}, (name, method)

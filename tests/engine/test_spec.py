@@ -108,7 +108,7 @@ def test_state_dict_mismatches_fail_with_a_sentence():
 
 @pytest.mark.parametrize("change, why", [
     ({"pe": "alibi"}, "positional encoding 'alibi'"),
-    ({"mlp": "geglu"}, "MLP activation 'geglu'"),
+    ({"mlp": "reglu"}, "MLP activation 'reglu'"),
     ({"n_kv_heads": 3}, "do not split into 3 KV groups"),
     ({"pe": "rope", "rope_layout": "interleaved", "rotary_dim": 3}, "rotary_dim 3 must be even"),
     ({"pe": "rope", "rope_layout": "zigzag", "rotary_dim": 8}, "RoPE pairing 'zigzag'"),

@@ -12,7 +12,7 @@ from ref_models import inputs, random_model, rel, tiny
 
 from engine.errors import SpecError
 from engine.models import canonical, set_canonical
-from engine.models.base import MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS
+from engine.models.base import GATED_MLPS, MLP_KINDS, NORM_KINDS, PE_KINDS, ROPE_LAYOUTS
 from engine.models.reference import RefConfig, apply_rope, build, rope_frequencies
 from engine.spec import build_spec
 from engine.surgery import fold_norms, layernorm_to_rmsnorm, reference_config_from_arch
@@ -106,7 +106,8 @@ def configs(draw):
                 rope_layout=draw(st.sampled_from(ROPE_LAYOUTS)), rotary_dim=rotary,
                 qk_norm=whole and draw(st.booleans()),
                 norm=draw(st.sampled_from(NORM_KINDS)), mlp=draw(st.sampled_from(MLP_KINDS)), bias=draw(st.booleans()),
-                head_bias=draw(st.booleans()), tied_embeddings=draw(st.booleans()), n_ctx=8, vocab_size=24)
+                head_bias=draw(st.booleans()), tied_embeddings=draw(st.booleans()), n_ctx=8, vocab_size=24,
+                embed_scale=draw(st.sampled_from([1.0, 2.5])) if task == "lm" else 1.0)  # Gemma's scaled embedding
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -122,8 +123,8 @@ def test_random_configs_and_elements_of_the_whole_group(cfg, seed):
     if "residual_orth" in exact:
         try:
             arch, p = ready(arch, theta, "residual_orth")
-        except SpecError as e:  # SwiGLU gate with a LayerNorm bias: no gate bias to absorb beta
-            assert cfg.mlp == "swiglu" and cfg.bias and "gate" in str(e)
+        except SpecError as e:  # a gated MLP with a LayerNorm bias: no gate bias to absorb beta
+            assert cfg.mlp in GATED_MLPS and cfg.bias and "gate" in str(e)
             exact = tuple(k for k in exact if k != "residual_orth")
     g, h = sample(arch, exact, seed), sample(arch, exact, seed + 1)
     moved = apply(arch, g, p)
