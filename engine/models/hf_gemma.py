@@ -15,7 +15,8 @@ The module tree, RoPE with half-split pairs and grouped-query attention (multi-q
 Float64 exactness: GemmaRMSNorm normalises in float32 and the rotary tables are float32; both are switched to
 float64-faithful subclasses (engine/models/native.py), which compute the same formulas. In bfloat16 the
 canonical gains 1 + weight are rounded to bfloat16 where Gemma's own norm adds the 1 in float32, so a bfloat16
-Gemma's endpoints are close to, not exactly, its own (the record's endpoint check says by how much).
+Gemma's endpoints are close to, not exactly, its own (the record's endpoint check says by how much: 1.7e-5
+relative on a tiny pair with norm weights of 0.05, within the 4.5e-5 a bfloat16 Llama pair shows).
 """
 
 from __future__ import annotations
