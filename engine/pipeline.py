@@ -101,7 +101,7 @@ def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:
         check_closed_world(path)  # a link that leads outside, before anything it points at is read
         read_config(path)
         shape = model_shape(path)
-        check_weight_files(path, shape.names)  # from the files' headers: no tensor is read
+        check_weight_files(path, dict(shape.parameters))  # from the files' headers: no tensor is read
     except LMCError as e:
         raise ModelError(f"{role} directory {path} cannot be used: {_lower_first(str(e))}") from None
     return ModelInfo(s, path.absolute(), shape.family, shape.arch, family_label(shape.family, shape.arch.task))

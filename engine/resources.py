@@ -74,7 +74,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import LMCError, ModelError, ResourceError
+from engine.errors import LMCError, ResourceError
 from engine.evaluate import item_bytes, items_per_batch, seq_len
 from engine.memory import return_freed_memory, reuse_freed_memory, trim_freed_memory  # noqa: F401 (their old address)
 from engine.models.base import Arch
@@ -93,7 +93,8 @@ class Shape:
     buffers: int  # floating buffer elements (RoPE tables, ...)
     other_buffer_bytes: int  # integer / boolean buffers (masks, position ids) at their own size
     layer_params: int  # parameters of one block
-    names: tuple[str, ...] = ()  # the module's parameter names: what a weight file must store as floating point
+    # the module's parameters, (name, shape): what a weight file must store, as floating point and in that shape
+    parameters: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
     def bytes(self, itemsize: int) -> int:
         return (self.params + self.buffers) * itemsize + self.other_buffer_bytes
@@ -114,41 +115,11 @@ class Estimate:
 # Shapes from configs, on the meta device
 
 
-def _hf_module(config: dict, source: str):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    rest = {k: v for k, v in config.items() if k != "model_type"}
-    try:
-        hf = AutoConfig.for_model(config["model_type"], **rest)
-        return AutoModelForCausalLM.from_config(hf)
-    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise ModelError(f"{source} could not be built from its config ({type(e).__name__}: {msg}).") from None
-
-
 def model_shape(path: str | Path) -> Shape:
     """The shape of the model in directory `path`, from config.json alone (no weight file is read)."""
-    from engine.models import arch_from_config, family_of
-    from engine.models.io import read_config
+    from engine.models import meta_module
 
-    path = Path(path)
-    fam = family_of(path)  # reads config.json only
-    config = read_config(path)
-    source = f"Model directory {path}"
-    with torch.device("meta"):  # parameters get shapes, never storage
-        if fam.name == "reference":
-            from engine.models.reference import RefConfig, Transformer
-
-            rc = RefConfig.from_dict(config)
-            module, arch = Transformer(rc, init=False), rc.arch()
-        elif fam.name == "timm_vit":
-            from engine.models import timm_vit
-
-            module = timm_vit.module_from_config(config, source)
-            arch = timm_vit.arch(module, source)
-        else:  # the HF families: the adapter's own checks, then the module transformers builds
-            arch = arch_from_config(config, source)
-            module = _hf_module(config, source)
+    fam, arch, module = meta_module(Path(path))
     params = sum(p.numel() for p in module.parameters())
     floating = [b for b in module.buffers() if b.is_floating_point()]
     others = [b for b in module.buffers() if not b.is_floating_point()]
@@ -156,7 +127,8 @@ def model_shape(path: str | Path) -> Shape:
               if isinstance(m, (torch.nn.ModuleList, torch.nn.Sequential)) and len(m) == arch.n_layers > 0]
     layer = sum(p.numel() for p in stacks[0][0].parameters()) if stacks else params // max(1, arch.n_layers)
     return Shape(fam.name, arch, params, sum(b.numel() for b in floating),
-                 sum(b.numel() * b.element_size() for b in others), layer, tuple(k for k, _ in module.named_parameters()))
+                 sum(b.numel() * b.element_size() for b in others), layer,
+                 tuple((k, tuple(p.shape)) for k, p in module.named_parameters()))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from engine.errors import ModelError
+from engine.errors import LMCError, ModelError
 from engine.models import (
     hf_bert,
     hf_gemma,
@@ -64,9 +64,48 @@ def family_of(path: Path) -> Family:
     )
 
 
+def _hf_module(config: dict, source: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    rest = {k: v for k, v in config.items() if k != "model_type"}
+    try:
+        hf = AutoConfig.for_model(config["model_type"], **rest)
+        return AutoModelForCausalLM.from_config(hf)
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ModelError(f"{source} could not be built from its config ({type(e).__name__}: {msg}).") from None
+
+
+def meta_module(path: Path) -> tuple[Family, Arch, torch.nn.Module]:
+    """The family, the Arch and the module of the model in directory `path`, the module built from config.json
+    on the meta device (parameters with shapes, never storage); no weight file is read."""
+    fam = family_of(path)  # reads config.json only
+    config = read_config(path)
+    source = f"Model directory {path}"
+    with torch.device("meta"):
+        if fam.name == "reference":
+            rc = RefConfig.from_dict(config)
+            return fam, rc.arch(), reference.Transformer(rc, init=False)
+        if fam.name == "timm_vit":
+            module = timm_vit.module_from_config(config, source)
+            return fam, timm_vit.arch(module, source), module
+        # the HF families: the adapter's own checks, then the module transformers builds
+        return fam, arch_from_config(config, source), _hf_module(config, source)
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> Model:
-    """Load a model directory of any registered family, its weights in the process's own memory."""
-    model = family_of(Path(path)).load(Path(path), dtype=dtype)
+    """Load a model directory of any registered family, its weights in the process's own memory; its weight files
+    are checked from their headers first (safetensors, parameters floating point and of the config's shapes)."""
+    from engine.models.io import check_weight_files
+
+    family = family_of(Path(path))
+    try:  # the shapes come from the config; a config this fails on, the family's load refuses in its own words
+        module = meta_module(Path(path))[2]
+    except LMCError:
+        module = None
+    if module is not None:
+        check_weight_files(Path(path), {k: tuple(p.shape) for k, p in module.named_parameters()})
+    model = family.load(Path(path), dtype=dtype)
     _own_memory(model.module)
     return model
 

@@ -342,9 +342,10 @@ def read_safetensors(file: Path, expected: dict[str, torch.Tensor] | None = None
     return state
 
 
-def check_weight_files(path: Path, parameter_names: Iterable[str]) -> None:
+def check_weight_files(path: Path, parameters: Mapping[str, tuple[int, ...]]) -> None:
     """Before any weight is read: the directory's weights are safetensors (not pickles only), regular files, and
-    store every model parameter as floating point (their headers alone are read)."""
+    store every model parameter as floating point in the shape its config gives (their headers alone are read:
+    check_weight_headers)."""
     path = Path(path)
     refuse_pickles(path)
     files = sorted(path.glob("*.safetensors"))
@@ -353,28 +354,36 @@ def check_weight_files(path: Path, parameter_names: Iterable[str]) -> None:
     for f in files:
         if not f.is_file():  # a link to a device or a directory: never handed to the reader
             raise ModelError(f"{f} is not a regular file.")
-    check_float_weights(path, parameter_names)
+    check_weight_headers(path, parameters)
 
 
-def check_float_weights(path: Path, parameter_names: Iterable[str]) -> None:
-    """Refuse safetensors in `path` that store a model parameter as integers or booleans.
+def check_weight_headers(path: Path, parameters: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse safetensors in `path` that store a model parameter as integers or booleans, or in another shape than
+    the module's (`parameters`: its names and shapes), from the files' headers.
 
-    A loader would cast them to float without a word; weights that were never floating point are a
-    broken or foreign checkpoint. Non-float tensors that are no parameter (masks, counters) pass.
-    `parameter_names` are the module's names; a file key matches one equal to it or ending in it.
+    A loader would cast integers to float without a word; weights that were never floating point are a broken or
+    foreign checkpoint, and weights of another shape a config that is not theirs. Tensors that are no parameter
+    (masks, counters) pass. A file key matches the parameter of the same name, or those it ends or is ended by
+    (a prefix such as `model.` or `transformer.` on one side): the dtype is checked against any of them, the shape
+    against the one when it is unique.
     """
     from safetensors import safe_open
 
-    names = list(parameter_names)
+    names = list(parameters)
     for f in sorted(Path(path).glob("*.safetensors")):
         try:
             with safe_open(str(f), framework="pt") as sf:
                 for k in sf.keys():  # noqa: SIM118 - a safe_open handle is not a dict
-                    dt = sf.get_slice(k).get_dtype()
-                    if dt.startswith(("F", "BF")):  # F16, F32, F64, BF16, F8_*
+                    match = [k] if k in parameters else [n for n in names if n.endswith("." + k) or k.endswith("." + n)]
+                    if not match:
                         continue
-                    if any(n == k or n.endswith("." + k) or k.endswith("." + n) for n in names):
+                    sl = sf.get_slice(k)
+                    dt = sl.get_dtype()
+                    if not dt.startswith(("F", "BF")):  # F16, F32, F64, BF16, F8_*
                         raise ModelError(f"{f}: tensor {k} holds {dt} values; model weights must be floating point.")
+                    shape, want = tuple(sl.get_shape()), tuple(parameters[match[0]])
+                    if len(match) == 1 and shape != want:
+                        raise ModelError(f"{f}: tensor {k} has shape {shape}, config says {want}.")
         except (SafetensorError, OSError) as e:
             raise ModelError(f"{f} is not a readable safetensors file ({e}).") from None
 

@@ -22,7 +22,7 @@ from engine.models.io import (
     HF_RULES,
     check_fields,
     check_finite,
-    check_float_weights,
+    check_weight_headers,
     read_config,
     refuse_optional_features,
     refuse_pickles,
@@ -224,7 +224,7 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
     if any(bad.values()):
         detail = "; ".join(f"{k.replace('_', ' ')} {v[:3]}" for k, v in bad.items() if v)
         raise ModelError(f"Model directory {path} does not match its config ({detail}).")
-    check_float_weights(path, [k for k, _ in module.named_parameters()])
+    check_weight_headers(path, {k: tuple(p.shape) for k, p in module.named_parameters()})
     check_finite(dict(module.state_dict()), f"Model directory {path}")
     return module.eval()
 

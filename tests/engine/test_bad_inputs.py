@@ -410,6 +410,8 @@ CASES: dict[str, Case] = {
                         "auto_map"),
     "tokenizer-auto-map": (lambda c: [I, _tokenizer_auto_map(c), str(c.base.gpt2)], "auto_map"),
     "tokenizer-broken": (lambda c: [I, _broken_tokenizer(c), str(c.base.gpt2)], "tokenizer"),
+    "gpt2-weights-of-another-shape": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("n_inner", 40))],
+                                      "config says"),  # from the weights' headers, before any tensor is read
     "gpt2-string-heads": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("n_head", "4"))], "n_head"),
     "gpt2-zero-heads": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("n_head", 0))], "n_head"),
     "gpt2-auto-map": (lambda c: [I, str(c.base.gpt2), c.model("gpt2", edit=_setitem("auto_map", {"a": "b.C"}))],
