@@ -155,7 +155,7 @@ def _translations(arch: Arch, params: Params, seed: int) -> dict[str, Params]:
         c = rnd(arch.d_model)
         if arch.task == "lm":
             p["embed.tok"] = params["embed.tok"] + c.to(params["embed.tok"].dtype)
-            pos -= c
+            pos -= arch.embed_scale * c  # the row is s E + P: a scaled embedding moves s c
         else:  # ViT: the class token pairs with row 0, the patch bias with rows 1..N
             c2 = rnd(arch.d_model)
             p["embed.cls"] = params["embed.cls"] + c.to(params["embed.cls"].dtype)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from engine.progress import PhaseProgress, Phases, relabel
 from engine.results import RunConfig, make_record, resolve_device
 from engine.timing import naive_paths, reference_gflops
 from engine.zoo import ENTRIES, display_name, resolve
+
+if TYPE_CHECKING:
+    from engine.resources import Estimate
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -70,7 +74,7 @@ class ModelInfo:
 
 def model_info(name_or_path: str | Path, role: str = "Model") -> ModelInfo:
     """The family and architecture of a zoo model or a model directory, from its config and its weight files'
-    headers (safetensors, parameters stored as floating point); no tensor is read.
+    headers (safetensors, parameters stored as floating point in the config's shapes); no tensor is read.
 
     Every problem is one sentence that starts with `role` ("Model A", "Model B", "Model") and names the
     directory by its full path, so the same input gets the same message wherever it is checked.
@@ -248,11 +252,13 @@ def check_alpha(alpha: float, extrapolate: bool = False) -> float:
 
 
 def check_inputs(cfg: RunConfig, save_merged: str | Path | None = None, alpha: float = 0.5, overwrite: bool = False,
-                 extrapolate: bool = False, offload: bool = False, save_element: str | Path | None = None):
+                 extrapolate: bool = False, offload: bool = False,
+                 save_element: str | Path | None = None) -> tuple[tuple[Path, Path], Estimate]:
     """Every check run_pair makes before anything loads, from the configs and the named files alone: the method
     and its options, the device, the pair (configs, weight headers), A's tokenizer, the path kind, the merged
-    model's directory and alpha, the element files, and the run's memory (refused if it cannot fit). Returns the two models' paths and the memory estimate
-    (engine.resources.describe says it), so that a caller can announce a run only once it is known to start."""
+    model's directory and alpha, the element files, and the run's memory (refused if it cannot fit). Returns the
+    two models' paths and the memory estimate (engine.resources.describe says it), so that a caller can announce
+    a run only once it is known to start."""
     from engine.align import method_options
     from engine.resources import check_run
 

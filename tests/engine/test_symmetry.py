@@ -274,3 +274,15 @@ def test_reference_config_from_arch_round_trips(kw):
     if cfg.task == "vit":  # geometry inferred from the patch dimension alone
         inferred = reference_config_from_arch(cfg.arch(), patch_dim=cfg.in_chans * cfg.patch_size ** 2)
         assert (inferred.image_size, inferred.patch_size) == (cfg.image_size, cfg.patch_size)
+
+
+def test_a_scaled_embedding_keeps_every_group_and_its_pe_shift_moves_s_c():
+    """With the embedding scaled as it enters (Gemma's sqrt(D), here 2.5) every class stays exact; the learned-PE
+    shift moves the position table by s c for c on the embedding (docs/MATH.md section 3)."""
+    from engine.checks import invariance_checks
+
+    cfg = tiny(pe="learned", embed_scale=2.5)
+    m, x = random_model(cfg), inputs(cfg, seed=1)
+    rows = {r["group"]: r for r in invariance_checks(m, k=2, inputs=x)}
+    assert {"heads", "mlp", "qk", "vo", "residual_orth", "pe_shift"} <= set(rows)
+    assert all(r["exact"] and r["max_rel_change"] < 1e-12 for r in rows.values()), rows
