@@ -39,7 +39,7 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 
 # Families as a reader names them; the task is added for the families that hold both kinds.
 FAMILY_LABELS = {"reference": "reference", "hf_gpt2": "GPT-2", "hf_llama": "Llama", "hf_qwen2": "Qwen2",
-                 "hf_qwen3": "Qwen3", "hf_mistral": "Mistral", "hf_olmo": "OLMo", "hf_gemma": "Gemma",
+                 "hf_qwen3": "Qwen3", "hf_mistral": "Mistral", "hf_olmo": "OLMo", "hf_gemma": "Gemma", "hf_phi": "Phi",
                  "hf_neox": "GPT-NeoX", "timm_vit": "ViT", "hf_bert": "BERT", "hf_roberta": "RoBERTa",
                  "hf_xlm_roberta": "XLM-RoBERTa"}
 TASK_LABELS = {"lm": "LM", "vit": "ViT"}

@@ -1,7 +1,7 @@
 """Symmetry: which weight changes leave a Transformer's function unchanged, and how the positional
 encoding shapes that group.
 
-Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2, Qwen3, Llama-3.2, OLMo, Gemma). With weights the engine
+Pick a zoo model, a model directory, or a preset config (GPT-2 small, Llama-2, Qwen3, Llama-3.2, OLMo, Phi-2, Gemma). With weights the engine
 checks every group numerically (float64: random elements must change the logits by < 1e-10) and runs
 the break tests (maps from larger groups that must change them); a config alone gives the group
 dimensions, instantly. All numbers come from `engine.report.symmetry_report` (docs/MATH.md;
@@ -47,6 +47,11 @@ PRESETS = {
         "model_type": "olmo", "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
         "num_attention_heads": 16, "num_key_value_heads": 16, "max_position_embeddings": 2048, "vocab_size": 50304,
         "rope_theta": 10000.0, "tie_word_embeddings": True, "pad_token_id": 1, "eos_token_id": 50279},
+    "Phi-2 (partial RoPE, one norm per block)": {
+        "model_type": "phi", "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 2048, "vocab_size": 51200,
+        "layer_norm_eps": 1e-5, "hidden_act": "gelu_new",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4}},
     "Gemma-2B (multi-query, GeGLU)": {
         "model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384, "num_hidden_layers": 18,
         "num_attention_heads": 8, "num_key_value_heads": 1, "head_dim": 256, "max_position_embeddings": 8192,

@@ -37,8 +37,9 @@ def metrics(at) -> dict[str, str]:
 
 @pytest.mark.parametrize(("preset", "phrase"), [("Llama-3.2-1B (RoPE frequency scaling)", "llama3 frequency scaling"),
                                                 ("OLMo-1B (LayerNorm without parameters)", "hf_olmo LM"),
-                                                ("Gemma-2B (multi-query, GeGLU)", "hf_gemma LM")])
-def test_the_llama_3_olmo_and_gemma_presets_read_and_keep_the_rope_group(preset: str, phrase: str):
+                                                ("Gemma-2B (multi-query, GeGLU)", "hf_gemma LM"),
+                                                ("Phi-2 (partial RoPE, one norm per block)", "hf_phi LM")])
+def test_the_llama_3_olmo_gemma_and_phi_presets_read_and_keep_the_rope_group(preset: str, phrase: str):
     from app.app_pages.symmetry import PRESETS
 
     at = page("preset")
@@ -47,8 +48,10 @@ def test_the_llama_3_olmo_and_gemma_presets_read_and_keep_the_rope_group(preset:
     assert any(phrase in m.value for m in at.markdown)
     rep = symmetry_report(PRESETS[preset], dims_only=True)
     a = rep["arch"]
-    # the RoPE commutant: one complex scalar per frequency pair and KV group, scaled frequencies or not
-    assert rep["group_dim"]["by_kind"]["qk"] == a["n_layers"] * a["n_kv_heads"] * a["d_head"]
+    # the RoPE commutant: one complex scalar per frequency pair and KV group, scaled frequencies or not, and GL on
+    # the dims RoPE leaves alone (Phi-2 rotates 32 of 80)
+    d, r = a["d_head"], a["rotary_dim"]
+    assert rep["group_dim"]["by_kind"]["qk"] == a["n_layers"] * a["n_kv_heads"] * ((d - r) ** 2 + r)
 
 
 def test_presets_count_dimensions_from_the_config_alone():

@@ -68,6 +68,8 @@ def randomise_norms(m: Model, seed: int, gain: float = 0.2, bias: float = 0.1) -
             p[k] = 1 + gain * torch.randn(v.shape, generator=g, dtype=F64)
         elif k.endswith((".norm1.b", ".norm2.b", "norm_f.b")):
             p[k] = bias * torch.randn(v.shape, generator=g, dtype=F64)
+    if m.family == "hf_phi":  # one LayerNorm reads for both branches: norm2 is norm1
+        p |= {k.replace("norm1.", "norm2."): v for k, v in p.items() if ".norm1." in k}
     set_canonical(m, p)
     return m
 
@@ -82,7 +84,7 @@ def _with_qkv_biases(m: Model, seed: int = 6) -> Model:
 
 
 def _hf_cases() -> dict:
-    from engine.models import hf_gemma, hf_gpt2, hf_llama, hf_mistral, hf_olmo, hf_qwen2, hf_qwen3, timm_vit
+    from engine.models import hf_gemma, hf_gpt2, hf_llama, hf_mistral, hf_olmo, hf_phi, hf_qwen2, hf_qwen3, timm_vit
 
     llama = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16, "bos_token_id": 0,
@@ -113,6 +115,10 @@ def _hf_cases() -> dict:
         # the released models)
         "hf_gemma": lambda: hf_gemma.build({**llama, "num_key_value_heads": 1, "head_dim": 8,
                                             "hidden_act": "gelu_pytorch_tanh"}, seed=0, dtype=F64),
+        # one LayerNorm shared by the parallel attention and MLP, RoPE on half of each head, biases everywhere
+        "hf_phi": lambda: hf_phi.build({k: v for k, v in llama.items() if k != "rope_theta"} | {
+            "num_key_value_heads": 4, "rope_parameters": {"rope_type": "default", "rope_theta": 500.0,
+                                                          "partial_rotary_factor": 0.5}}, seed=0, dtype=F64),
         "timm_vit": lambda: timm_vit.build({"img_size": 8, "patch_size": 2, "in_chans": 1, "num_classes": 10,
                                             "embed_dim": 32, "depth": 2, "num_heads": 4, "mlp_ratio": 2.0},
                                            seed=0, dtype=F64),
@@ -127,7 +133,7 @@ REF_CASES = {
     "lm-layernorm-bias-relu": {"pe": "learned", "norm": "layernorm", "bias": True, "mlp": "relu"},
     "lm-rope-qk-norm-gqa": {"pe": "rope", "rope_layout": "half", "qk_norm": True, "n_kv_heads": 2, "mlp": "swiglu"},
 }
-CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_llama_llama3", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "timm_vit"]
+CASES = [*REF_CASES, "hf_gpt2", "hf_llama", "hf_llama_llama3", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "hf_phi", "timm_vit"]
 
 
 def make_case(name: str) -> Model:

@@ -30,6 +30,7 @@ from engine.models import (
     hf_mistral,
     hf_neox,
     hf_olmo,
+    hf_phi,
     hf_qwen2,
     hf_qwen3,
     hf_roberta,
@@ -66,6 +67,10 @@ LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_f
 LLAMA3_CFG = {**{k: v for k, v in LLAMA_CFG.items() if k != "rope_theta"}, "rope_parameters": LLAMA3_ROPE}
 # OLMo: Llama's sizes, LayerNorms without parameters (its config has no rms_norm_eps)
 OLMO_CFG = {k: v for k, v in LLAMA_CFG.items() if k != "rms_norm_eps"} | {"pad_token_id": 0}
+# Phi: one LayerNorm for both parallel branches, RoPE on half of each head, biases everywhere (the head's too)
+PHI_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "max_position_embeddings": 16, "bos_token_id": 0, "eos_token_id": 0,
+           "rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5}}
 NEOX_CFG = {"vocab_size": 256, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
             "num_attention_heads": 4, "max_position_embeddings": 16, "rotary_pct": 0.5, "rotary_emb_base": 500,
             "bos_token_id": 0, "eos_token_id": 0}
@@ -159,6 +164,16 @@ CASES = {
         norm="rmsnorm", norm_eps=1e-5, mlp="geglu", tied_embeddings=True, embed_scale=hf_gemma.embed_scale(32))),
     "hf_gemma_bias_untied": Case("hf_gemma", lambda s: hf_gemma.build(
         {**GEMMA_CFG, "tie_word_embeddings": False, "attention_bias": True}, seed=s, dtype=F64), None),
+    # Phi: the parallel block under one shared LayerNorm (canonically two equal norms), partial RoPE, a head bias;
+    # and tied with grouped-query attention
+    "hf_phi": Case("hf_phi", lambda s: hf_phi.build(PHI_CFG, seed=s, dtype=F64), RefConfig(
+        **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
+        norm_eps=1e-5, mlp="gelu_tanh", bias=True, head_bias=True, parallel_residual=True)),
+    "hf_phi_gqa_tied": Case("hf_phi", lambda s: hf_phi.build(
+        {**PHI_CFG, "num_key_value_heads": 2, "tie_word_embeddings": True}, seed=s, dtype=F64), RefConfig(
+        **REF_LM, n_kv_heads=2, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0,
+        norm="layernorm", norm_eps=1e-5, mlp="gelu_tanh", bias=True, head_bias=True, parallel_residual=True,
+        tied_embeddings=True)),
     # Pythia layout: partial RoPE, parallel residual, untied; and the sequential, tied variant
     "hf_neox": Case("hf_neox", lambda s: hf_neox.build(NEOX_CFG, seed=s, dtype=F64), RefConfig(
         **REF_LM, d_mlp=64, pe="rope", rope_layout="half", rotary_dim=4, rope_base=500.0, norm="layernorm",
@@ -338,10 +353,13 @@ def test_stock_hf_llama_is_only_float32_accurate_in_float64(name: str, adapter, 
     (hf_olmo, {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     (hf_olmo, {"hidden_act": "gelu"}, "hidden_act='gelu'"),
     (hf_gemma, {"hidden_act": "silu"}, "hidden_act='silu'"),
+    (hf_phi, {"qk_layernorm": True}, "qk_layernorm=True"),
+    (hf_phi, {"rope_parameters": {"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.1}},
+     "partial_rotary_factor=0.1"),
     (hf_gemma, {"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}}, "rope_type"),
 ])
 def test_unsupported_configs_are_refused_before_building(adapter, change: dict, option: str):
-    base = {hf_olmo: OLMO_CFG, hf_gemma: GEMMA_CFG}.get(adapter, LLAMA_CFG)
+    base = {hf_olmo: OLMO_CFG, hf_gemma: GEMMA_CFG, hf_phi: PHI_CFG}.get(adapter, LLAMA_CFG)
     with pytest.raises(ModelError) as e:
         adapter.build({**base, **change})
     msg = str(e.value)
@@ -429,7 +447,7 @@ def test_timm_hub_layout_loads(tmp_path: Path):
 # (d) bad input: one ModelError sentence that names the directory
 
 
-BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "hf_neox", "timm_vit"]
+BAD_CASES = ["hf_gpt2", "hf_llama", "hf_qwen2", "hf_qwen3", "hf_mistral", "hf_olmo", "hf_gemma", "hf_phi", "hf_neox", "timm_vit"]
 
 
 @pytest.fixture
@@ -519,6 +537,7 @@ def test_unsupported_hf_options_are_refused(saved, change: dict, option: str):
     ("hf_neox", {"hidden_act": "gelu_fast"}, "hidden_act='gelu_fast'"),
     ("hf_olmo", {"clip_qkv": 8.0}, "clip_qkv=8.0"),
     ("hf_gemma", {"hidden_act": "relu"}, "hidden_act='relu'"),
+    ("hf_phi", {"qk_layernorm": True}, "qk_layernorm=True"),
     ("hf_bert", {"tie_word_embeddings": False}, "tie_word_embeddings=False"),
     ("hf_bert", {"hidden_size": 30}, "hidden_size=30 with 4 heads"),
     ("hf_roberta", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
@@ -651,6 +670,49 @@ def test_gemma_its_published_config_and_its_group_exactly():
     assert all(r["exact"] and r["max_rel_change"] < 1e-10 for r in rows.values()), rows
     broken = {r["group"]: r["max_rel_change"] for r in break_tests(model, inputs=x)}
     assert "geglu_gate_scale" in broken and all(v > 1e-3 for v in broken.values()), broken
+
+
+# phi-2's config.json (its legacy top-level rope_theta and partial_rotary_factor, as on the hub)
+PHI_2 = {"architectures": ["PhiForCausalLM"], "model_type": "phi", "attention_dropout": 0.0, "bos_token_id": 50256,
+         "embd_pdrop": 0.0, "eos_token_id": 50256, "hidden_act": "gelu_new", "hidden_size": 2560,
+         "initializer_range": 0.02, "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+         "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "partial_rotary_factor": 0.4,
+         "qk_layernorm": False, "resid_pdrop": 0.1, "rope_scaling": None, "rope_theta": 10000.0,
+         "tie_word_embeddings": False, "torch_dtype": "float16", "use_cache": True, "vocab_size": 51200}
+
+
+def test_phi_2_s_published_config_and_its_group_dimensions():
+    from engine.groups import group_dimension
+    from engine.models import arch_from_config
+
+    a = arch_from_config(PHI_2)
+    assert (a.family, a.d_head, a.rotary_dim, a.mlp, a.parallel_residual, a.head_bias) == ("hf_phi", 80, 32, "gelu_tanh",
+                                                                                         True, True)
+    by = group_dimension(a)["by_kind"]
+    L, h, d, r = 32, 32, 80, 32
+    assert by["qk"] == L * h * ((d - r) ** 2 + r)  # GL on the 48 unrotated dims, a complex scalar per rotated pair
+    assert by["mlp_scale"] == 0  # gelu: no neuron scaling
+
+
+def test_phi_one_layernorm_for_both_branches_and_its_group_exactly():
+    """Phi's one LayerNorm is canonically two equal norms: both are the native tensor, unequal ones are refused
+    rather than averaged, and every default class keeps the function to float64 rounding (the LayerNorm rewritten
+    as RMSNorm for the residual rotation, as GPT-NeoX's)."""
+    from engine.checks import break_tests, invariance_checks
+
+    model = randomise(CASES["hf_phi"].build(0), 3)
+    p = canonical(model)
+    for l in range(model.arch.n_layers):
+        assert torch.equal(p[f"blocks.{l}.norm1.g"], p[f"blocks.{l}.norm2.g"])
+        assert torch.equal(p[f"blocks.{l}.norm1.b"], model.module.model.layers[l].input_layernorm.bias.detach())
+    bad = dict(p) | {"blocks.0.norm2.g": p["blocks.0.norm2.g"] * 1.5}
+    with pytest.raises(ModelError, match="one LayerNorm for both branches"):
+        hf_phi.from_canonical(model, bad)
+    x = inputs(CASES["hf_phi"])
+    rows = {r["group"]: r for r in invariance_checks(model, k=2, inputs=x)}
+    assert {"heads", "mlp", "qk", "vo", "residual_orth"} <= set(rows)
+    assert all(r["exact"] and r["max_rel_change"] < 1e-10 for r in rows.values()), rows
+    assert all(r["max_rel_change"] > 1e-3 for r in break_tests(model, inputs=x))
 
 
 # ---------------------------------------------------------------------------------------------
