@@ -33,11 +33,7 @@ def _summary(config, refuse) -> Arch:
     rp = nat.rope_parameters(config)
     h = config.num_attention_heads
     d = config.hidden_size // h
-    prf = float(rp.get("partial_rotary_factor", 1.0))
-    r = int(d * prf)  # HF's own rounding (GPTNeoXAttention.rotary_ndims)
-    if r < 2 or r % 2:
-        refuse(f"partial_rotary_factor={prf}", f"it rotates {r} of the {d} dims of a head; RoPE needs an even, "
-               "positive number of them")
+    r = nat.rotary_dims(config, d, refuse)
     bias = bool(config.attention_bias)
     return Arch(
         family="hf_neox", task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,

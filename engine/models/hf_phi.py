@@ -64,11 +64,7 @@ def _summary(config, refuse) -> Arch:
     h = config.num_attention_heads
     hkv = config.num_key_value_heads or h
     d = config.hidden_size // h
-    prf = float(rp.get("partial_rotary_factor", 1.0))
-    r = int(d * prf)  # HF's own rounding (PhiAttention.rotary_ndims)
-    if r < 2 or r % 2:
-        refuse(f"partial_rotary_factor={prf}", f"it rotates {r} of the {d} dims of a head; RoPE needs an even, "
-               "positive number of them")
+    r = nat.rotary_dims(config, d, refuse)
     return Arch(
         family="hf_phi", task="lm", n_layers=config.num_hidden_layers, d_model=config.hidden_size,
         n_heads=h, n_kv_heads=hkv, d_head=d, d_mlp=config.intermediate_size, n_out=config.vocab_size,

@@ -9,7 +9,7 @@ actually loaded, so importing the registry stays fast.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,6 +52,17 @@ def rope_parameters(config) -> dict:
     """An HF config's RoPE settings as a dict (transformers keeps them in `rope_parameters`)."""
     rp = getattr(config, "rope_parameters", None) or {}
     return rp if isinstance(rp, dict) else dict(rp)
+
+
+def rotary_dims(config, d: int, refuse: Callable[[str, str], None]) -> int:
+    """The dims of a head of width `d` that RoPE rotates under the config's `partial_rotary_factor` (HF's own
+    rounding, int(d * factor), as GPT-NeoX's and Phi's attention compute it); refused unless even and positive."""
+    prf = float(rope_parameters(config).get("partial_rotary_factor", 1.0))
+    r = int(d * prf)
+    if r < 2 or r % 2:
+        refuse(f"partial_rotary_factor={prf}", f"it rotates {r} of the {d} dims of a head; RoPE needs an even, "
+               "positive number of them")
+    return r
 
 
 # ---------------------------------------------------------------------------------------------
