@@ -52,8 +52,10 @@ def _one_norm(ts, a: Arch):
 
 
 # one native norm tensor <-> the two canonical norms that read it (the attention's and the MLP's), written back only
-# when they are equal, as every element of the group and every path keeps them
-SHARED = Conv(lambda t, a: (t, t), _one_norm)
+# when they are equal, as every element of the group and every path keeps them. The second is a copy, not a second
+# view of the same storage: a move written into the views in place (engine.align.run.move_in_place) would
+# otherwise apply itself twice to the one tensor
+SHARED = Conv(lambda t, a: (t, t.clone()), _one_norm)
 QK_LAYERNORM = Refusal(lambda c: bool(c.qk_layernorm), "qk_layernorm=True",
                        "a LayerNorm over each head's queries and keys commutes with no map inside a head the engine "
                        "models")

@@ -161,6 +161,26 @@ def test_weight_matching_recovers_a_planted_element(name):
     assert endpoint_check(b, al, es, r["endpoint_loss_b"])["rel_diff"] < 1e-9
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_moving_b_in_place_keeps_its_function(name):
+    """A run moves B in its own tensors (align(in_place=True), as every CLI and app run does): B's function stays,
+    whatever views the family's adapter hands out (Phi's one norm is two canonical tensors: had both been views of
+    it, the move would have applied itself twice)."""
+    from engine.models import model_logits
+
+    a = make_case(name)
+    b, _, kinds = planted(a)
+    if a.arch.norm == "layernorm" or a.arch.tied_embeddings:  # the rotation would rewrite B out of its family
+        kinds = kinds - {"residual_orth"} | {"residual_perm"}
+    x = eval_set_for(a, "val", 64 if a.arch.task == "vit" else 256).inputs[:2]
+    with torch.no_grad():
+        y0 = model_logits(b, x)
+        al = align(a, b, "weight", kinds, in_place=True)
+        y1 = model_logits(al.model_b, x)
+    assert al.model_b is b or "residual_orth" in kinds  # moved in its own tensors (folding norms may copy it)
+    assert float((y1 - y0).norm() / y0.norm()) < 1e-10
+
+
 @pytest.mark.parametrize("name", ["lm-rope-half-gqa-swiglu", "vit-learned", "hf_llama", "hf_llama_llama3", "hf_qwen2",
                                   "hf_olmo"])
 def test_activation_matching_recovers_a_planted_element(name):
