@@ -101,6 +101,10 @@ def lift_refusal(a: Arch, b: Arch, name_a: str = "A", name_b: str = "B") -> str 
     why = _widths_refusal(widths(a), widths(b), a.pe)
     if why:
         return f"Model {name_a} cannot be lifted into model {name_b}'s shape: {why}."
+    if a.embed_scale != b.embed_scale:
+        return (f"Model {name_a}'s token embedding enters the stream times {a.embed_scale:.6g} and model {name_b}'s "
+                f"times {b.embed_scale:.6g} (Gemma's sqrt(D)); a lift cannot rescale it while the tied head reads "
+                "it unscaled.")
     diff = replace(a, **widths(b).to_dict()).mismatch(b)
     if diff:
         return f"Model {name_a} and model {name_b} differ beyond their widths ({diff}), so their weights cannot be compared."

@@ -139,6 +139,11 @@ def test_a_lift_into_a_smaller_or_equal_shape_or_across_kinds_is_refused():
                      (tiny(task="vit", pe="learned", d_model=64, norm_eps=1e-6).arch(), "differ beyond their widths")):
         why = lift_refusal(a, b)
         assert why is not None and match in why and why.count(".") <= 2, why
+    # Gemma's embedding enters times sqrt(D): two widths, two scales
+    gemma = (replace(tiny(pe="rope").arch(), embed_scale=32**0.5), replace(tiny(pe="rope", d_model=64).arch(),
+                                                                          embed_scale=8.0))
+    why = lift_refusal(*gemma)
+    assert why is not None and "times 5.65685 and model B's times 8 (Gemma's sqrt(D))" in why and "\n" not in why
     assert lift_refusal(a, tiny(task="vit", pe="learned", d_model=64, d_mlp=128).arch()) is None
     wide, narrow = random_model(tiny(task="vit", pe="learned", d_model=64)), m
     with pytest.raises(ArchitectureMismatch, match="more than the 32"):
