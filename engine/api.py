@@ -79,7 +79,6 @@ from engine.models.base import SCALED_MLPS, Arch  # noqa: F401
 from engine.pipeline import (  # noqa: F401
     ModelInfo,
     check_alpha,
-    check_inputs,
     check_pair,
     check_widen,
     describe_pair,

@@ -343,20 +343,25 @@ def _encoders(args, method: str, device: str) -> bool:
 
 
 def cmd_interpolate(args) -> None:
-    from engine.api import check_inputs, run_pair
-    from engine.resources import describe
+    from engine.api import run_pair
 
     _, device = _check_pair_args(args)
     if _encoders(args, "naive", device):
         return
     cfg = _run_config(args, "naive", device)
-    print(describe(check_inputs(cfg, offload=args.offload)[1]))  # the run's memory, once it is known to start
     bars = _progress_bar("interpolate")
     try:
-        rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=args.attribution)
+        rec = run_pair(cfg, progress=bars, offload=args.offload, attribution=args.attribution, announce=_announce)
     finally:
         bars.close()
     _report(rec, args.out)
+
+
+def _announce(need) -> None:
+    """The run's memory, printed once every input is checked and before anything loads (run_pair's `announce`)."""
+    from engine.resources import describe
+
+    print(describe(need))
 
 
 def _report(rec: dict, out: str | None, details: Callable[[], None] | None = None) -> None:
@@ -384,8 +389,7 @@ def _check_steps(args) -> None:
 
 
 def cmd_align(args) -> None:
-    from engine.api import check_inputs, run_pair
-    from engine.resources import describe
+    from engine.api import run_pair
 
     _check_steps(args)
     inputs, device = _check_pair_args(args)
@@ -397,13 +401,11 @@ def cmd_align(args) -> None:
         return
     alpha = 0.5 if args.alpha is None else args.alpha
     cfg = _run_config(args, args.method, device)
-    print(describe(check_inputs(cfg, args.save_merged, alpha, args.overwrite, args.extrapolate, args.offload,
-                                args.save_element)[1]))  # the run's memory, once it is known to start
     bars = _progress_bar(args.method)
     try:
         rec = run_pair(cfg, progress=bars, save_merged=args.save_merged, alpha=alpha, overwrite=args.overwrite,
                        extrapolate=args.extrapolate, offload=args.offload, attribution=args.attribution,
-                       checkpoint=state, save_element=args.save_element)
+                       checkpoint=state, save_element=args.save_element, announce=_announce)
     finally:
         bars.close()
     _report(rec, args.out, lambda: _print_alignment(rec, args, alpha))

@@ -285,7 +285,7 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
              alpha: float = 0.5, overwrite: bool = False, extrapolate: bool = False, offload: bool = False,
              cancel: CancelToken | None = None, train_curve: bool = True, attribution: bool | None = None,
              one_sided: dict | None = None, checkpoint: str | Path | None = None,
-             save_element: str | Path | None = None) -> dict:
+             save_element: str | Path | None = None, announce: Callable[[Estimate], None] | None = None) -> dict:
     """Load both models, align B onto A with cfg.method, interpolate, return the result record.
 
     The path is evaluated on cfg.eval_split and, at the same points, on a bounded sample of the train
@@ -314,12 +314,15 @@ def run_pair(cfg: RunConfig, progress: PhaseProgress | None = None, save_merged:
     started again after an interruption resumes at its last validation check (engine.align.resume); the
     caller deletes it once the record is stored. `save_element` writes the element the run found, in full
     precision, to that file (engine.align.start: a later learned or dual run's `start`); the record's
-    `element_file` names it.
+    `element_file` names it. `announce` hears the run's memory estimate once every input is checked
+    (check_inputs), before anything loads: the CLI prints it.
     """
     from engine.align.run import align, alignment_record, endpoint_check
     from engine.memory import trim_freed_memory
 
-    (path_a, path_b), _ = check_inputs(cfg, save_merged, alpha, overwrite, extrapolate, offload, save_element)
+    (path_a, path_b), need = check_inputs(cfg, save_merged, alpha, overwrite, extrapolate, offload, save_element)
+    if announce is not None:
+        announce(need)
     device = resolve_device(cfg.device)
     gflops = reference_gflops(device, refresh=True)  # the machine's speed as the run starts: its provenance
     phases = Phases(progress)

@@ -100,7 +100,8 @@ class Arch:
     def to_dict(self) -> dict:
         # rope_scaling and embed_scale only when set: the records and reports of other models read and compare as
         # they were written
-        return {k: v for k, v in asdict(self).items() if (k != "rope_scaling" or v) and (k != "embed_scale" or v != 1)}
+        unset = {"rope_scaling": "", "embed_scale": 1.0}
+        return {k: v for k, v in asdict(self).items() if k not in unset or v != unset[k]}
 
     def mismatch(self, other: Arch) -> str | None:
         """The first field in which two architectures differ, as a phrase, or None."""

@@ -342,18 +342,24 @@ def read_safetensors(file: Path, expected: dict[str, torch.Tensor] | None = None
     return state
 
 
-def check_weight_files(path: Path, parameters: Mapping[str, tuple[int, ...]]) -> None:
-    """Before any weight is read: the directory's weights are safetensors (not pickles only), regular files, and
-    store every model parameter as floating point in the shape its config gives (their headers alone are read:
-    check_weight_headers)."""
+def weight_files(path: Path) -> list[Path]:
+    """The directory's safetensors files, refused when there are none (pickles only, or nothing) or one is not a
+    regular file (a link to a device or a directory is never handed to a reader)."""
     path = Path(path)
     refuse_pickles(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelError(f"Model directory {path} has no model.safetensors.")
     for f in files:
-        if not f.is_file():  # a link to a device or a directory: never handed to the reader
+        if not f.is_file():
             raise ModelError(f"{f} is not a regular file.")
+    return files
+
+
+def check_weight_files(path: Path, parameters: Mapping[str, tuple[int, ...]]) -> None:
+    """Before any weight is read: the directory's weights are safetensors (weight_files) and store every model
+    parameter as floating point in the shape its config gives (their headers alone are read: check_weight_headers)."""
+    weight_files(path)
     check_weight_headers(path, parameters)
 
 

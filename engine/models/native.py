@@ -26,6 +26,7 @@ from engine.models.io import (
     read_config,
     refuse_optional_features,
     refuse_pickles,
+    weight_files,
     write_into_dir,
 )
 
@@ -214,11 +215,7 @@ def load_hf(cls, path: Path, dtype: torch.dtype, model_type: str, display: str):
         raise ModelError(
             f"Model directory {path} has model_type {cfg.get('model_type')!r}, not {model_type!r} ({display})."
         )
-    if not any(path.glob("*.safetensors")):
-        raise ModelError(f"Model directory {path} has no model.safetensors.")
-    for f in path.glob("*.safetensors"):
-        if not f.is_file():  # a link to a device or a directory: never handed to the reader
-            raise ModelError(f"{f} is not a regular file.")
+    weight_files(path)
     try:
         module, info = cls.from_pretrained(
             str(path), local_files_only=True, use_safetensors=True, dtype=dtype, trust_remote_code=False,
