@@ -304,9 +304,13 @@ def diagnostics(rec: dict, names: dict[str, str]) -> None:
     if d.get("history"):
         batch = (d.get("settings") or {}).get("batch")  # set where a run chose it (the store's small LM records)
         per_step = f" of {batch} {'images' if unit == 'nats/image' else 'sequences'}" if batch else ""
-        k = (d.get("settings") or {}).get("candidates")
-        mlp = ("" if not k else " The MLP permutation is the start's (one candidate per neuron); the other "
-               "classes are learned." if k == 1 else f" Each MLP neuron chooses among {k} candidate partners.")
+        k, heads = ((d.get("settings") or {}).get(key) for key in ("candidates", "keep_heads"))
+        kept = [what for what, held in (("head permutation", heads),
+                                        ("MLP permutation (one candidate per neuron)", k == 1)) if held]
+        mlp = "" if not k or k == 1 else f" Each MLP neuron chooses among {k} candidate partners."
+        if kept:
+            mlp += f" The {' and the '.join(kept)} {'are' if len(kept) > 1 else 'is'} the start's; the other " \
+                   "classes are learned."
         st.markdown(f"**Optimisation** ({d['steps']:,} steps{per_step}, Adam on the transform's latents, the "
                     "models frozen): the kept transform is the one with the lowest validation barrier (the largest "
                     f"excess over the chord at λ = 0.1, 0.3, …, 0.9), step {d['best_step']}, "

@@ -160,6 +160,7 @@ class Settings:
     eval_every: steps between validation checks (None: steps // EVALS);
     candidates: partners per MLP neuron in its latent (None: DEFAULT_CANDIDATES of the task; 1 keeps the
     start's MLP permutation);
+    keep_heads: keep the start's head permutation (the other classes are learned around it);
     start: a key of STARTS, the element the latents start from (weight matching, or activation
     matching on one training batch), or the path of an element file an earlier run saved
     (engine.align.start: `align --save-element`);
@@ -175,6 +176,7 @@ class Settings:
     min_improvement: float = MIN_IMPROVEMENT
     eval_every: int | None = None
     candidates: int | None = None
+    keep_heads: bool = False
     start: str = "weight"
     batch: int | None = None
 
@@ -198,6 +200,8 @@ class Settings:
                 raise LMCError(f"Learned matching: {name} must be a positive integer or None, not {v!r}.")
         if self.candidates is not None and not (isinstance(self.candidates, int) and self.candidates >= 1):
             raise LMCError(f"Learned matching: candidates must be a positive integer, not {self.candidates!r}.")
+        if not isinstance(self.keep_heads, bool):
+            raise LMCError(f"Learned matching: keep_heads must be true or false, not {self.keep_heads!r}.")
 
 
 def step_budget(steps: int, time_budget_s: float | None, default: int) -> int:
@@ -452,9 +456,10 @@ class Transform(nn.Module):
     to re-run the Hungarian, `element()` for the hard result."""
 
     def __init__(self, arch: Arch, spec: Spec, kinds: frozenset[str], g0: GroupElement, dtype: torch.dtype = F64,
-                 mlp_candidates: list[Tensor] | None = None):
+                 mlp_candidates: list[Tensor] | None = None, keep_heads: bool = False):
         """mlp_candidates: cand [m, k] per layer (`candidates`), the partners each MLP neuron's latent
-        scores, with g0's partner among them; None: every neuron (k = m, a dense latent in sparse form)."""
+        scores, with g0's partner among them; None: every neuron (k = m, a dense latent in sparse form).
+        keep_heads: g0's head permutation stays (its matrices are constants, not latents, and never re-solved)."""
         super().__init__()
         self.arch, self.spec, self.kinds, self.g0, self.dtype = arch, spec, kinds, g0, dtype
         L, d, hkv = arch.n_layers, arch.d_head, arch.n_kv_heads
@@ -473,8 +478,9 @@ class Transform(nn.Module):
         # the hard permutations the forward pass uses; Hungarian of a permutation matrix is itself
         self.head_perms = [el.head_perm for el in g0.layers]
         self.mlp_perms = [el.mlp_perm for el in g0.layers]
+        self.keep_heads = keep_heads
         if "heads" in kinds:
-            self.Z_heads = latents(self.head_perms)
+            self.Z_heads = [perm_matrix(p, dtype) for p in self.head_perms] if keep_heads else latents(self.head_perms)
         if "mlp" in kinds:
             if mlp_candidates is None:
                 m = arch.d_mlp
@@ -527,7 +533,7 @@ class Transform(nn.Module):
             count[f"flips_{cls}"] += int((new != perm).sum())
             return new
 
-        if "heads" in self.kinds:
+        if "heads" in self.kinds and not self.keep_heads:
             gqa = lambda Z: gqa_assignment(Z, self.rep)
             self.head_perms = [solved(Z, p, gqa, "heads") for Z, p in zip(self.Z_heads, self.head_perms)]
         if "mlp" in self.kinds:
@@ -954,8 +960,8 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
             cand["b"] = mlp_candidates(spec, pa, pb, g0_b, st.candidates)
             if dual:  # A's latent scores A's neurons against B moved by its start
                 cand["a"] = mlp_candidates(spec, pb, pa, g0["a"], st.candidates, g_ref=g0_b)
-    side_a, side_b = (Transform(arch, spec, kinds, g0[tag], dtype, cand.get(tag)) if tag in tags else None
-                      for tag in "ab")
+    side_a, side_b = (Transform(arch, spec, kinds, g0[tag], dtype, cand.get(tag), st.keep_heads) if tag in tags
+                      else None for tag in "ab")
     sides = [s for s in (side_a, side_b) if s is not None]
     latents = [p for s in sides for p in s.parameters()]
     groups = [g for s in sides for g in s.param_groups(st.lr_perm, st.lr_map)]

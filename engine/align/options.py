@@ -42,6 +42,10 @@ class LearnedOptions(Options):
         "count", "--candidates", "MLP candidates",
         "Partners per MLP neuron its permutation latent chooses among; 1 keeps the starting element's MLP "
         "permutation and learns the other classes only.", most=4096)
+    keep_heads: bool | None = option(
+        "flag", "--keep-heads", "keep the head permutation",
+        "Keep the starting element's head permutation and learn the other classes around it (long schedules "
+        "on the medium LMs otherwise reshuffle heads late and lose the path they had).")
     start: str | None = option(
         "choice_or_file", "--start", "start",
         "The element the latents start from: weight matching (the default), activation matching on one "

@@ -202,7 +202,12 @@ def test_the_optimisation_says_its_steps_and_the_batch_a_run_chose(env):
         f"**Optimisation** ({steps:,} steps of 64 sequences, Adam")
     live["alignment"]["diagnostics"]["settings"]["candidates"] = 1
     assert said(page("dual", live_runs={PAIR: {"dual": live}})).endswith(
-        "The MLP permutation is the start's (one candidate per neuron); the other classes are learned.")
+        "The MLP permutation (one candidate per neuron) is the start's; the other classes are learned.")
+    live["alignment"]["diagnostics"]["settings"]["keep_heads"] = True
+    assert said(page("dual", live_runs={PAIR: {"dual": live}})).endswith(
+        "The head permutation and the MLP permutation (one candidate per neuron) are the start's; the other "
+        "classes are learned.")
+    live["alignment"]["diagnostics"]["settings"]["keep_heads"] = False
     live["alignment"]["diagnostics"]["settings"]["candidates"] = 16
     assert said(page("dual", live_runs={PAIR: {"dual": live}})).endswith(
         "Each MLP neuron chooses among 16 candidate partners.")

@@ -239,6 +239,24 @@ def test_an_lm_run_keeps_its_start_s_mlp_permutation_unless_it_names_more_candid
     assert sum(res["resolves"]["flips_mlp"]) > 0
 
 
+def test_keep_heads_holds_the_start_s_head_permutation_through_steps_that_flip_it():
+    """Settings.keep_heads: the start's head permutation is a constant of both sides (no latent, never
+    re-solved) while the other classes still learn; the same steps without it reshuffle heads."""
+    pair, kinds = rope_pair()
+    g0 = identity(pair.arch)
+    big = Settings(lr_perm=2.0, lr_map=0.05, lambdas="uniform", eval_every=2, patience=None)
+    free = optimise(AlignContext(pair, kinds, steps=6), g0, dual=True, steps=6, settings=big)
+    assert sum(free["resolves"]["flips_heads"]) > 0
+    kept = optimise(AlignContext(pair, kinds, steps=6), g0, dual=True, steps=6, settings=replace(big, keep_heads=True))
+    assert sum(kept["resolves"]["flips_heads"]) == 0 and kept["settings"]["keep_heads"] is True
+    assert kept["memory"]["latent_bytes"] < free["memory"]["latent_bytes"]
+    for side in (kept["g_a"], kept["g_b"]):
+        assert all(torch.equal(el.head_perm, torch.arange(pair.arch.n_heads)) for el in side.layers)
+    assert any(not torch.allclose(el.vo, torch.eye(pair.arch.d_head, dtype=el.vo.dtype)) for el in kept["g_b"].layers)
+    with pytest.raises(LMCError, match="keep_heads"):
+        Settings(keep_heads=1)
+
+
 def test_a_run_without_a_sampling_mode_takes_its_task_s_and_records_it():
     pair, kinds = rope_pair()
     assert Settings().lambdas is None and learned.DEFAULT_LAMBDAS == {"lm": "narrow", "vit": "adaptive"}

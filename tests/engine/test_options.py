@@ -54,7 +54,7 @@ def test_each_method_declares_its_options_type():
         "naive": Options, "weight": WeightOptions, "activation": Options, "learned": LearnedOptions,
         "dual": DualOptions}
     assert list(LearnedOptions.specs()) == ["time_budget_s", "lambdas", "patience", "lr_perm", "lr_map", "candidates",
-                                            "start", "batch"]
+                                            "keep_heads", "start", "batch"]
     assert list(DualOptions.specs()) == [*LearnedOptions.specs(), "skip_comparison"]
     assert LearnedOptions.specs()["patience"].flag == "--patience"
 
