@@ -440,6 +440,10 @@ CASES: dict[str, Case] = {
     "mismatched-architectures": (lambda c: [I, c.a, str(c.base.nope), "--points", "2"], "pe is 'rope' vs 'none'"),
     "symmetry-config-junk": (lambda c: ["symmetry", c.model(edit=_setitem("n_heads", "x")), "--dims-only"],
                              "n_heads"),
+    # symmetry refuses a directory of weights in align's words (pickles alone were read as a bare config)
+    "symmetry-weights-of-another-shape": (lambda c: ["symmetry", c.model("gpt2", edit=_setitem("n_inner", 40))],
+                                          "copy-gpt2 cannot be used: "),
+    "symmetry-pickled-only": (lambda c: ["symmetry", _pickled_only(c)], "only pickled weights (pytorch_model.bin)"),
     # element files (engine.align.start)
     "start-missing": (lambda c: [A, c.a, c.b, "--method", "dual", "--start", "none.safetensors"], "does not exist"),
     "start-not-safetensors": (lambda c: [A, c.a, c.b, "--method", "learned", "--start", c.file("x.safetensors")],
