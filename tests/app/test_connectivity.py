@@ -15,7 +15,7 @@ from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 from app import live_run
 from app.figures import path as path_figs
 from app.figures import style
-from app.sidebar import methods, pair_key
+from app.sidebar import OPENING_PAIR, methods, pair_key
 from engine import zoo
 from engine.results import CACHE, cache_file, cached_record, list_cached
 
@@ -35,12 +35,14 @@ def finish(at: AppTest) -> AppTest:
     return at.run()
 
 
-def test_opens_on_the_cached_curves_of_the_first_pair(tiny_env):
+def test_opens_on_the_cached_curves_of_the_learned_pe_pair(tiny_env):
     _, store = tiny_env
     at = page()
     assert not at.exception
     assert at.title[0].value == "Connectivity"
-    assert at.selectbox(key="pair").value == pair_key(*zoo.pairs()[0]) == pair_key(*CACHED_PAIRS[0])
+    # the reference's setting, not the zoo's first pair (NoPE, the worst-connected)
+    assert at.selectbox(key="pair").value == pair_key(*OPENING_PAIR) == pair_key(*CACHED_PAIRS[0])
+    assert zoo.pairs()[0] != OPENING_PAIR
     a, b = CACHED_PAIRS[0]
     naive, weight = cached_record(a, b, "naive", store), cached_record(a, b, "weight", store)
     names = methods()
@@ -161,7 +163,7 @@ def test_an_unbuilt_zoo_is_refused_before_any_run(monkeypatch, tmp_path):
     monkeypatch.setenv("LMC_CACHE_DIR", str(tmp_path / "store"))
     at = page()
     assert not at.exception
-    a, b = zoo.pairs()[0]
+    a, b = OPENING_PAIR
     assert [e.value for e in at.main.error] == [  # every model not built, not only A
         f"Model A: Zoo model {a} is not built yet; run `python -m engine zoo build --only {a}`.",
         f"Model B: Zoo model {b} is not built yet; run `python -m engine zoo build --only {b}`."]
@@ -251,7 +253,7 @@ def test_a_corrupt_cached_record_is_skipped_with_a_warning(tiny_env, monkeypatch
 def test_zoo_table_lists_the_manifest(tiny_env):
     at = page()
     names = list(at.dataframe[-1].value["name"])
-    assert names == [r["name"] for r in zoo.manifest()] and "lm-none-s0" in names
+    assert names == [r["name"] for r in zoo.manifest()] and "lm-learned-s0" in names
 
 
 @pytest.mark.skipif(not list_cached(CACHE), reason="cached_results/ holds no records yet")

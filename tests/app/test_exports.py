@@ -166,7 +166,7 @@ def test_connectivity_page_downloads_are_valid_files(tiny_env, downloads):
     assert set(downloads) == {"export_record", "export_curves", "export_figures"}  # naive: no element
     data, name, mime, _ = downloads["export_record"]
     assert json.loads(data) == naive and mime == "application/json"
-    assert name == f"lm-none-s0__lm-none-s1__naive__{exports.run_tag(naive)}.json"
+    assert name == f"lm-learned-s0__lm-learned-s1__naive__{exports.run_tag(naive)}.json"
     rows = list(csv.DictReader(io.StringIO(downloads["export_curves"][0].decode())))
     assert [float(r["loss"]) for r in rows] == naive["loss"] + naive["train_loss"] + weight["loss"] + weight["train_loss"]
     page = downloads["export_figures"][0].decode()
@@ -174,9 +174,9 @@ def test_connectivity_page_downloads_are_valid_files(tiny_env, downloads):
     ((_, layout, config),) = plots(page)
     names = method_names()
     assert layout["title"]["subtitle"]["text"].startswith(
-        f"lm-none-s0 vs lm-none-s1: {names['naive']}, {names['weight']}<br>engine commit ")
+        f"lm-learned-s0 vs lm-learned-s1: {names['naive']}, {names['weight']}<br>engine commit ")
     assert downloads["export_figures"][1] == \
-        f"connectivity__lm-none-s0__lm-none-s1__naive-weight__{exports.run_tag(weight)}__figures.html"
+        f"connectivity__lm-learned-s0__lm-learned-s1__naive-weight__{exports.run_tag(weight)}__figures.html"
     assert config["toImageButtonOptions"] == {"format": "svg", "scale": 1,
                                               "filename": downloads["export_figures"][1].removesuffix(".html")}
 
@@ -186,7 +186,7 @@ def test_connectivity_page_downloads_are_valid_files(tiny_env, downloads):
     with np.load(io.BytesIO(downloads["export_element_npz"][0]), allow_pickle=False) as z:
         assert z["layer0.head_perm"].tolist() == weight["alignment"]["element"]["layers"][0]["head_perm"]
     assert json.loads(downloads["export_element_json"][0])["element"] == weight["alignment"]["element"]
-    assert downloads["export_element_npz"][1] == f"lm-none-s0__lm-none-s1__weight__{exports.run_tag(weight)}__element.npz"
+    assert downloads["export_element_npz"][1] == f"lm-learned-s0__lm-learned-s1__weight__{exports.run_tag(weight)}__element.npz"
 
 
 def test_a_live_and_a_cached_record_download_under_different_names(tiny_env, downloads):
@@ -200,7 +200,7 @@ def test_a_live_and_a_cached_record_download_under_different_names(tiny_env, dow
     cached_name = downloads["export_record"][1]
     picker = at.selectbox(key="export_pick")
     picker.set_value(next(i for i, o in enumerate(picker.options) if "live" in o)).run()
-    assert downloads["export_record"][1] == "lm-none-s0__lm-none-s1__naive__20261203T100005Z.json" != cached_name
+    assert downloads["export_record"][1] == "lm-learned-s0__lm-learned-s1__naive__20261203T100005Z.json" != cached_name
     assert json.loads(downloads["export_record"][0]) == live
     assert f"{method_names()['naive']}, live (512 tokens)" in plots(downloads["export_figures"][0].decode())[0][1]["title"]["subtitle"]["text"]
 
@@ -244,7 +244,7 @@ def test_exported_figures_have_full_axes_and_a_title_naming_pair_method_and_comm
     about = [(naive, "Naive"), (weight, "Weight matching")]
     subtitle = exports.describe(about)
     commit = "0123456"
-    assert subtitle == f"lm-none-s0 vs lm-none-s1: Naive, Weight matching<br>engine commit {commit}"
+    assert subtitle == f"lm-learned-s0 vs lm-learned-s1: Naive, Weight matching<br>engine commit {commit}"
     page = exports.figures_html({"Loss along the linear path": fig}, "LMC Explorer, Connectivity", {}, subtitle)
     ((data, layout, _),) = plots(page.decode())
     assert len(data) == len(fig.data)
@@ -276,11 +276,11 @@ def test_file_names_name_the_pair_method_and_run(recs):
     weight = {**recs["weight"], "created": "2026-12-01T09:00:01Z"}
     live = {**cached, "created": "2026-12-03T10:00:05Z"}
     kept = {**live, "run": {"id": "20261203T100006Z-0a1b2c", "status": "done"}}
-    assert exports.file_stem(live) == "lm-none-s0__lm-none-s1__naive__20261203T100005Z"
-    assert exports.file_stem(kept) == "lm-none-s0__lm-none-s1__naive__20261203T100006Z-0a1b2c"
+    assert exports.file_stem(live) == "lm-learned-s0__lm-learned-s1__naive__20261203T100005Z"
+    assert exports.file_stem(kept) == "lm-learned-s0__lm-learned-s1__naive__20261203T100006Z-0a1b2c"
     assert len({exports.file_stem(r) for r in (cached, live, kept)}) == 3  # never one name for two runs
     assert exports.figures_file_name("Connectivity", [(cached, "Naive"), (weight, "W"), (live, "N, live")]) \
-        == "connectivity__lm-none-s0__lm-none-s1__naive-weight__20261203T100005Z__figures.html"  # the newest run
+        == "connectivity__lm-learned-s0__lm-learned-s1__naive-weight__20261203T100005Z__figures.html"  # the newest run
     assert exports.figures_file_name("Symmetry", subject="GPT-2 small") == "symmetry__GPT-2_small__figures.html"
 
 

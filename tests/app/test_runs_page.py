@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 from tiny_zoo import CACHED_PAIRS, UNCACHED_PAIR
 
 from app import live_run
-from app.sidebar import methods
+from app.sidebar import methods, pair_label
 from engine import history
 from engine.errors import DataError, OutputError
 from engine.progress import Update
@@ -75,7 +75,7 @@ def test_the_table_lists_every_run_newest_first_and_filters_narrow_it(kept):
     names = methods()
     at.multiselect(key="runs_filter_method").select(names["naive"]).run()
     assert table_ids(at) == [ids[0], ids[2]]
-    at.multiselect(key="runs_filter_pe").select("NoPE").run()
+    at.multiselect(key="runs_filter_pair").select(pair_label(*CACHED_PAIRS[0])).run()
     assert table_ids(at) == [ids[2]]
     assert any(c.value == "1 of 3 run(s)." for c in at.caption)
 

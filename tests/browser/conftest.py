@@ -22,12 +22,13 @@ CHROMIUM_ARGS = [
 
 
 def _store_env(tmp_path_factory) -> dict[str, str]:
-    """Serve the committed cached_results/ when they hold the page's first pair; otherwise (zoo still
+    """Serve the committed cached_results/ when they hold the pair the app opens on; otherwise (zoo still
     training, fresh clone without results) a tiny stand-in zoo and store, so the test still sees a curve."""
+    from app.sidebar import OPENING_PAIR
     from engine import zoo
     from engine.results import CACHE, list_cached
 
-    if tuple(zoo.pairs()[0]) in {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}:
+    if OPENING_PAIR in {(r["model_a"], r["model_b"]) for r in list_cached(CACHE)}:
         return {"LMC_CACHE_DIR": str(CACHE), "LMC_ZOO_DIR": str(zoo.ZOO)}
     zoo_dir = tiny_zoo.build_zoo(tmp_path_factory.mktemp("zoo"))
     store = tmp_path_factory.mktemp("cached_results")

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from engine import zoo
+from app.sidebar import OPENING_PAIR
 from tests.browser.server import wait_idle
 
 pytestmark = pytest.mark.e2e
@@ -38,6 +38,6 @@ def test_a_pasted_link_opens_its_view_and_the_url_names_it_whole(page, streamlit
     wait_query(page, "layer", "1")
     SHOTS.mkdir(exist_ok=True)
     page.screenshot(path=str(SHOTS / "url_state_alignment.png"))
-    a, b = zoo.pairs()[0]  # the sidebar's default pair, which the link did not name, is written in
+    a, b = OPENING_PAIR  # the sidebar's default pair, which the link did not name, is written in
     wait_query(page, "pair", f"{a}__{b}")
     assert urlparse(page.url).path.endswith("/alignment")
