@@ -52,11 +52,13 @@ DEFAULT_EVAL_ITEMS = 65_536
 # validation barrier fell at every pair from 800 to 1,600 steps (vit-rope 0.046 -> 0.034, vit-learned 0.020 ->
 # 0.003, vit-sinusoidal 0.053 -> 0.032), and from 1,600 to 3,200 vit-sinusoidal's fell fourfold (0.032 -> 0.008)
 # while vit-rope's held (0.034 -> 0.035), for two to ten minutes of
-# one core (bench/RESULTS.md, "Converged ViT records"). On the medium LM tier, 1,600 steps of 16 as well: at
-# 800 every medium record was still lowering its validation barrier over its last fifth, and a step costs about
-# 2 s of one core there, so 1,600 steps are an hour a run. A record's config holds its steps and batch
-# (None: the default batch).
-CONVERGED = {("lm", "small"): (6400, None), ("vit", "small"): (3200, None), ("lm", "medium"): (1600, None)}
+# one core (bench/RESULTS.md, "Converged ViT records"). On the medium LM tier, 3,200 steps of 16: at 1,600 every
+# medium record was still lowering its validation barrier over its last fifth; at 3,200 five of six barriers fell
+# (dual: 0.079 -> 0.051, 0.049 -> 0.032, 0.124 -> 0.103) and the learned-PE pair's validation barriers flattened
+# over the last tenth, while the dropout pair's learned run reshuffled heads and kept an earlier step (0.053 ->
+# 0.068). A step costs about 2 s of one core there: two hours a run (bench/RESULTS.md, "The medium records at
+# 3,200 steps"). A record's config holds its steps and batch (None: the default batch).
+CONVERGED = {("lm", "small"): (6400, None), ("vit", "small"): (3200, None), ("lm", "medium"): (3200, None)}
 
 
 def cache_config(model_a: str, model_b: str, method: str, eval_items: int | None = DEFAULT_EVAL_ITEMS) -> RunConfig:

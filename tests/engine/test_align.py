@@ -440,7 +440,7 @@ def test_stored_records_use_each_tiers_converged_budget():
     from engine.results import RunConfig
 
     for pair, steps in ((("lm-learned-s0", "lm-learned-s1"), 6400), (("vit-rope-s0", "vit-rope-s1"), 3200),
-                        (("lm-rope-medium-s0", "lm-rope-medium-s1"), 1600)):
+                        (("lm-rope-medium-s0", "lm-rope-medium-s1"), 3200)):
         dual = cache_config(*pair, "dual")
         assert (dual.steps, dual.options.batch, dual.eval_items) == (steps, None, 65_536)  # the default batch
         assert cache_config(*pair, "learned").options.given() == {}
