@@ -929,7 +929,9 @@ def optimise(ctx: AlignContext, g0_b: GroupElement, dual: bool, steps: int,
     name = "dual matching" if dual else "learned matching"
     ck, phase = ctx.checkpoint, phase or ("dual" if dual else "learned")
     # what makes it this optimisation beyond the run's config: a state of any other is not resumed
-    ident = {"dual": dual, "steps": steps, "time_budget_s": time_budget_s, "settings": asdict(st), "seed": ctx.seed,
+    # (keep_heads named only when set: a state saved before the option existed is this run's when it is off)
+    settings_id = {k: v for k, v in asdict(st).items() if k != "keep_heads" or v}
+    ident = {"dual": dual, "steps": steps, "time_budget_s": time_budget_s, "settings": settings_id, "seed": ctx.seed,
              "batch": st.batch or ctx.batch, "classes": sorted(kinds)} | (
                  {"start_sha256": start_file["sha256"]} if start_file else {})
     state = resume.load(ck, phase, ident) if ck is not None else None

@@ -125,6 +125,32 @@ def test_another_run_or_optimisation_or_a_torn_state_starts_from_step_0(tmp_path
     same(res, ref)
 
 
+def test_keep_heads_is_part_of_the_run_s_identity_and_named_only_when_set(tmp_path):
+    """A --keep-heads run resumes as itself; a run without it never takes its state, nor it theirs; and a run
+    without it keeps the identity it had before the option existed (a state saved then still resumes)."""
+    pair, kinds = rope_pair()
+    g0 = identity(pair.arch)
+    kept = replace(ST, keep_heads=True)
+    ref = optimise(AlignContext(pair, kinds, steps=8), g0, dual=True, steps=8, settings=kept)
+    ck = Checkpoint(tmp_path / "state", run="r1")
+    with pytest.raises(Killed):
+        optimise(AlignContext(pair, kinds, steps=8, checkpoint=ck), g0, dual=True, steps=8, settings=kept,
+                 on_check=kill_at(6))
+    meta = json.loads((tmp_path / "state" / "dual.json").read_text())
+    assert meta["identity"]["settings"]["keep_heads"] is True
+    res = optimise(AlignContext(pair, kinds, steps=8, checkpoint=ck), g0, dual=True, steps=8, settings=kept)
+    assert res["resumed_at"] == [4]
+    same(res, ref)
+    off = replace(ck, run="r2")
+    with pytest.raises(Killed):
+        optimise(AlignContext(pair, kinds, steps=8, checkpoint=off), g0, dual=True, steps=8, settings=ST,
+                 on_check=kill_at(6))
+    meta = json.loads((tmp_path / "state" / "dual.json").read_text())
+    assert "keep_heads" not in meta["identity"]["settings"] and "candidates" in meta["identity"]["settings"]
+    res = optimise(AlignContext(pair, kinds, steps=8, checkpoint=off), g0, dual=True, steps=8, settings=kept)
+    assert res["resumed_at"] == []  # the state of a run that learns its heads is not this one's
+
+
 def test_cache_build_resumes_a_killed_dual_run_and_deletes_its_state(tmp_path, monkeypatch):
     from engine import builders
     from engine.api import build_cache
