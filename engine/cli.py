@@ -712,15 +712,9 @@ def cmd_symmetry(args) -> None:
 
     target = args.model
     if not args.dims_only:
-        from engine.models.io import PICKLE_SUFFIXES
         from engine.zoo import resolve
 
         target = resolve(target)
-        if Path(target).is_dir() and any(p.suffix in (".safetensors", *PICKLE_SUFFIXES) for p in
-                                         Path(target).iterdir()):
-            from engine.pipeline import model_info
-
-            model_info(target)  # weights to load: refused in align's words ("Model directory X cannot be used: ...")
     rep = symmetry_report(target, dims_only=args.dims_only)
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
 

@@ -16,7 +16,7 @@ from engine.checks import break_tests, invariance_checks, reference_model, rope_
 from engine.groups import group_dimension, sinusoidal_spectrum
 from engine.models import arch_from_config, canonical, load_model
 from engine.models.base import Arch, Model
-from engine.models.io import read_json_object
+from engine.models.io import PICKLE_SUFFIXES, read_json_object
 from engine.spec import Spec, arch_kinds, build_spec, check_arch
 
 __all__ = ["format_report", "plain_statement", "symmetry_report"]
@@ -34,7 +34,10 @@ def _target(model_or_config_path, dims_only: bool) -> tuple[Model | None, Arch, 
         from engine.zoo import resolve
 
         path = resolve(str(model_or_config_path))
-    if path.is_dir() and not dims_only and any(path.glob("*.safetensors")):
+    if path.is_dir() and not dims_only and any(p.suffix in (".safetensors", *PICKLE_SUFFIXES) for p in path.iterdir()):
+        from engine.pipeline import model_info
+
+        model_info(path)  # weights to load (pickles alone too): refused as align refuses them, naming the directory
         m = load_model(path, dtype=torch.float64)
         return m, m.arch, str(name)
     cfg_file = path if path.is_file() else path / "config.json"
